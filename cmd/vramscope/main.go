@@ -1,0 +1,144 @@
+// Command vramscope shows where GPU memory goes: it traces workloads through
+// a PyTorch-exact caching allocator, imports PyTorch memory snapshots, and
+// serves a web UI over the SQLite store. Run without arguments it serves.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"sort"
+	"strings"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// command is one subcommand. Each lives in its own file and registers
+// itself in init, so main stays wiring only.
+type command struct {
+	summary string
+	run     func(args []string, stdout, stderr io.Writer) error
+}
+
+var commands = map[string]command{}
+
+func register(name, summary string, run func(args []string, stdout, stderr io.Writer) error) {
+	commands[name] = command{summary: summary, run: run}
+}
+
+// usageError makes main print the message and exit with status 2.
+type usageError struct{ msg string }
+
+func (e usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
+
+func init() {
+	register("version", "print the version", func(args []string, stdout, _ io.Writer) error {
+		fmt.Fprintln(stdout, "vramscope", version)
+		return nil
+	})
+	for _, name := range []string{"serve", "trace", "import", "export", "replay", "whatif", "devices"} {
+		name := name
+		if _, ok := commands[name]; !ok {
+			register(name, "(not built yet)", func([]string, io.Writer, io.Writer) error {
+				return fmt.Errorf("%s is not built yet", name)
+			})
+		}
+	}
+}
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	name := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, args = args[0], args[1:]
+	}
+	if name == "help" || name == "-h" || name == "--help" {
+		printUsage(stdout)
+		return 0
+	}
+	cmd, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "vramscope: unknown command %q\n\n", name)
+		printUsage(stderr)
+		return 2
+	}
+	err := cmd.run(args, stdout, stderr)
+	var ue usageError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &ue):
+		fmt.Fprintf(stderr, "vramscope %s: %v\n", name, err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "vramscope %s: %v\n", name, err)
+		var ex exitCoder
+		if errors.As(err, &ex) {
+			return ex.ExitCode()
+		}
+		return 1
+	}
+}
+
+// exitCoder lets an error choose the exit status (2 for bad input).
+type exitCoder interface{ ExitCode() int }
+
+// inputError is bad input from the user's file: exit status 2.
+type inputError struct{ err error }
+
+func (e inputError) Error() string { return e.err.Error() }
+func (e inputError) Unwrap() error { return e.err }
+func (e inputError) ExitCode() int { return 2 }
+
+func printUsage(w io.Writer) {
+	fmt.Fprintln(w, "usage: vramscope [command] [flags]   (no command: serve)")
+	fmt.Fprintln(w)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
+	}
+}
+
+// newFlags returns a flag set that reports errors instead of exiting.
+func newFlags(name string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("vramscope "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return fs
+}
+
+// parseArgs parses flags that may come before or after positional
+// arguments (vramscope import FILE --name x) and returns the positionals.
+func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usageError{err.Error()}
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			return pos, nil
+		}
+		if args[0] == "--" {
+			return append(pos, args[1:]...), nil
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+}
