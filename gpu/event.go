@@ -66,7 +66,9 @@ type StackID uint32
 // Event is one allocator action. Size is the requested size for alloc and
 // free_*, the segment or mapped bytes for segment_*, the rounded request for
 // oom, and the bytes allocated for snapshot. For oom, DeviceFree holds the
-// free bytes the driver reported and Addr is zero.
+// free bytes the driver reported and Addr is zero. BlockSize is the size of
+// the block an alloc or free_* event concerns, when the source knows it (our
+// allocator does; PyTorch's traces do not, and Layout re-derives it).
 type Event struct {
 	Seq        int64
 	TimeUS     int64
@@ -76,6 +78,7 @@ type Event struct {
 	Addr       uint64
 	Size       uint64
 	DeviceFree uint64
+	BlockSize  uint64
 	Stack      StackID
 }
 

@@ -359,14 +359,17 @@ func (l *Layout) alloc(e Event) error {
 	if b.Addr != e.Addr || b.State != BlockFree {
 		return mismatch(e, "no free block starts there")
 	}
-	size := l.Rules.RoundSize(e.Size)
+	size := e.BlockSize
+	if size == 0 {
+		size = l.Rules.RoundSize(e.Size)
+		rules := l.Rules
+		rules.Expandable = rules.Expandable || s.Expandable
+		if size <= b.Size && !rules.ShouldSplit(s.Pool, b.Size, size) {
+			size = b.Size
+		}
+	}
 	if size > b.Size {
 		return mismatch(e, "the free block there has only %d bytes", b.Size)
-	}
-	rules := l.Rules
-	rules.Expandable = rules.Expandable || s.Expandable
-	if !rules.ShouldSplit(s.Pool, b.Size, size) {
-		size = b.Size
 	}
 	s.splitFront(j, size)
 	s.Blocks[j] = Block{Addr: e.Addr, Size: size, Requested: e.Size, State: BlockAllocated, Stack: e.Stack, Seq: e.Seq}
@@ -388,14 +391,17 @@ func (l *Layout) carve(e Event, state BlockState) error {
 	if b.State != BlockFree {
 		return mismatch(e, "the address is in a live block")
 	}
-	size := l.Rules.RoundSize(e.Size)
+	size := e.BlockSize
+	if size == 0 {
+		size = l.Rules.RoundSize(e.Size)
+		rules := l.Rules
+		rules.Expandable = rules.Expandable || s.Expandable
+		if rest := b.End() - e.Addr; size <= rest && !rules.ShouldSplit(s.Pool, rest, size) {
+			size = rest
+		}
+	}
 	if e.Addr+size > b.End() {
 		return mismatch(e, "the free block there ends %d bytes too early", e.Addr+size-b.End())
-	}
-	rules := l.Rules
-	rules.Expandable = rules.Expandable || s.Expandable
-	if rest := b.End() - e.Addr; !rules.ShouldSplit(s.Pool, rest, size) {
-		size = rest
 	}
 	if b.Addr < e.Addr {
 		s.splitFront(j, e.Addr-b.Addr)
