@@ -1,0 +1,413 @@
+// Package sim is a simulated GPU: a capacity, driver-like addresses, VMM
+// pages, streams whose work a test can hold back, fault injection and call
+// counters. Every run with the same calls gives the same addresses, so
+// allocator tests and demo traces are deterministic.
+package sim
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+
+	"vramscope/gpu"
+)
+
+const (
+	// Granularity is the page size: Malloc places at this alignment, and
+	// Reserve, Map and Unmap take multiples of it (cuMemGetAllocationGranularity).
+	Granularity = 2 << 20
+	// MallocBase is the lowest address Malloc hands out.
+	MallocBase = 0x7f0000000000
+	// ReserveBase is the lowest address Reserve hands out; the reservation
+	// range ends where the Malloc range begins, so the two never overlap.
+	ReserveBase = 0x7e0000000000
+	mallocEnd   = 0x800000000000
+	reserveEnd  = MallocBase
+)
+
+// Counts are the calls a Device has served. Failed calls are not counted,
+// except in OOMs, which counts calls refused with gpu.ErrOutOfMemory.
+type Counts struct {
+	Mallocs, Frees, Reserves, Unreserves, Maps, Unmaps int
+	Fences, Waits, Syncs, OOMs                         int
+}
+
+// span is an address range; placed is the size it occupies in the address
+// space (size rounded up to Granularity).
+type span struct{ addr, size, placed uint64 }
+
+func (s span) end() uint64 { return s.addr + s.placed }
+
+// Device is a simulated gpu.Device. It is safe for concurrent use.
+type Device struct {
+	mu       sync.Mutex
+	capacity uint64
+	ordinal  int
+	name     string
+
+	mallocs  []span              // sorted by addr
+	reserves []span              // sorted by addr
+	mapped   map[uint64]struct{} // mapped page addresses
+	used     uint64              // bytes malloc'd + bytes mapped
+
+	failMalloc map[int]bool // 1-based Malloc call numbers that fail
+	failMap    map[int]bool // 1-based Map call numbers that fail
+	failAbove  uint64       // Malloc/Map requests above this fail; 0: no limit
+	mallocCall int
+	mapCall    int
+
+	fenceSeq uint64
+	holdSeq  uint64
+	holds    map[int64]uint64    // held stream -> its hold id
+	pending  map[uint64]struct{} // hold ids whose work has not finished
+
+	counts Counts
+}
+
+var _ gpu.Device = (*Device)(nil)
+
+// Option configures a Device.
+type Option func(*Device)
+
+// WithOrdinal sets the device index (0 by default).
+func WithOrdinal(n int) Option { return func(d *Device) { d.ordinal = n } }
+
+// WithName sets the name ("simulated" by default).
+func WithName(name string) Option { return func(d *Device) { d.name = name } }
+
+// FailMalloc makes the given Malloc calls (1-based, counting every call)
+// fail with gpu.ErrOutOfMemory.
+func FailMalloc(calls ...int) Option {
+	return func(d *Device) {
+		for _, n := range calls {
+			d.failMalloc[n] = true
+		}
+	}
+}
+
+// FailMap makes the given Map calls (1-based, counting every call) fail
+// with gpu.ErrOutOfMemory.
+func FailMap(calls ...int) Option {
+	return func(d *Device) {
+		for _, n := range calls {
+			d.failMap[n] = true
+		}
+	}
+}
+
+// FailAbove makes every Malloc or Map of more than size bytes fail with
+// gpu.ErrOutOfMemory, whatever the free memory.
+func FailAbove(size uint64) Option { return func(d *Device) { d.failAbove = size } }
+
+// New returns a simulated device with capacity bytes of memory.
+func New(capacity uint64, opts ...Option) *Device {
+	d := &Device{
+		capacity:   capacity,
+		name:       "simulated",
+		mapped:     map[uint64]struct{}{},
+		failMalloc: map[int]bool{},
+		failMap:    map[int]bool{},
+		holds:      map[int64]uint64{},
+		pending:    map[uint64]struct{}{},
+	}
+	for _, o := range opts {
+		o(d)
+	}
+	return d
+}
+
+func (d *Device) Name() string { return d.name }
+func (d *Device) Ordinal() int { return d.ordinal }
+
+// Capacity is the device's total memory.
+func (d *Device) Capacity() uint64 { return d.capacity }
+
+// MemInfo reports capacity minus the bytes malloc'd and mapped.
+func (d *Device) MemInfo() (free, total uint64, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.capacity - d.used, d.capacity, nil
+}
+
+// Used is the bytes malloc'd plus the bytes mapped.
+func (d *Device) Used() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.used
+}
+
+// Counts returns the calls served so far.
+func (d *Device) Counts() Counts {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.counts
+}
+
+func roundUp(n uint64) uint64 { return (n + Granularity - 1) &^ (Granularity - 1) }
+
+// oom reports whether a request of size bytes must fail, and counts it.
+func (d *Device) oom(size uint64, injected bool) bool {
+	if injected || (d.failAbove > 0 && size > d.failAbove) || size > d.capacity-d.used {
+		d.counts.OOMs++
+		return true
+	}
+	return false
+}
+
+// fit finds the lowest address in [base, end) where placed bytes fit
+// between the sorted spans, keeping gap bytes after each span.
+func fit(spans []span, base, end, placed, gap uint64) (uint64, int, bool) {
+	at := uint64(base)
+	for i, s := range spans {
+		if s.addr >= at && s.addr-at >= placed {
+			return at, i, true
+		}
+		at = s.end() + gap
+	}
+	if at <= end && end-at >= placed {
+		return at, len(spans), true
+	}
+	return 0, 0, false
+}
+
+func find(spans []span, addr uint64) (int, bool) {
+	i := sort.Search(len(spans), func(i int) bool { return spans[i].addr >= addr })
+	return i, i < len(spans) && spans[i].addr == addr
+}
+
+// Malloc places size bytes first-fit at the lowest free 2 MiB-aligned
+// address of the Malloc range and charges size bytes.
+func (d *Device) Malloc(size uint64) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mallocCall++
+	if size == 0 {
+		return 0, errors.New("sim: malloc of 0 bytes")
+	}
+	if d.oom(size, d.failMalloc[d.mallocCall]) {
+		return 0, fmt.Errorf("sim: malloc of %d bytes: %w", size, gpu.ErrOutOfMemory)
+	}
+	placed := roundUp(size)
+	addr, i, ok := fit(d.mallocs, MallocBase, mallocEnd, placed, 0)
+	if !ok {
+		return 0, fmt.Errorf("sim: malloc of %d bytes: address space exhausted", size)
+	}
+	d.mallocs = append(d.mallocs, span{})
+	copy(d.mallocs[i+1:], d.mallocs[i:])
+	d.mallocs[i] = span{addr, size, placed}
+	d.used += size
+	d.counts.Mallocs++
+	return addr, nil
+}
+
+// Free releases an address returned by Malloc; anything else is an error.
+func (d *Device) Free(addr uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i, ok := find(d.mallocs, addr)
+	if !ok {
+		return fmt.Errorf("sim: free of unknown address %#x", addr)
+	}
+	d.used -= d.mallocs[i].size
+	d.mallocs = append(d.mallocs[:i], d.mallocs[i+1:]...)
+	d.counts.Frees++
+	return nil
+}
+
+// Reserve hands out size bytes (a multiple of Granularity) of address space
+// from the reservation range, at least one page away from any other
+// reservation so that two reservations are never contiguous. It charges no
+// memory.
+func (d *Device) Reserve(size uint64) (uint64, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if size == 0 || size%Granularity != 0 {
+		return 0, fmt.Errorf("sim: reserve of %d bytes: not a positive multiple of %d", size, Granularity)
+	}
+	// The first reservation starts at ReserveBase; each one keeps a page of
+	// gap before the next (hence size+Granularity to fit).
+	addr, i, ok := fit(d.reserves, ReserveBase, reserveEnd, size+Granularity, Granularity)
+	if !ok {
+		return 0, fmt.Errorf("sim: reserve of %d bytes: address space exhausted", size)
+	}
+	d.reserves = append(d.reserves, span{})
+	copy(d.reserves[i+1:], d.reserves[i:])
+	d.reserves[i] = span{addr, size, size}
+	d.counts.Reserves++
+	return addr, nil
+}
+
+// Unreserve gives back a whole reservation, which must have no page mapped.
+func (d *Device) Unreserve(addr, size uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	i, ok := find(d.reserves, addr)
+	if !ok || d.reserves[i].size != size {
+		return fmt.Errorf("sim: unreserve [%#x, +%d): not a reservation", addr, size)
+	}
+	for p := addr; p < addr+size; p += Granularity {
+		if _, m := d.mapped[p]; m {
+			return fmt.Errorf("sim: unreserve [%#x, +%d): page %#x is still mapped", addr, size, p)
+		}
+	}
+	d.reserves = append(d.reserves[:i], d.reserves[i+1:]...)
+	d.counts.Unreserves++
+	return nil
+}
+
+// checkPages validates a page-aligned range inside one reservation.
+func (d *Device) checkPages(op string, addr, size uint64) error {
+	if size == 0 || addr%Granularity != 0 || size%Granularity != 0 {
+		return fmt.Errorf("sim: %s [%#x, +%d): not page-aligned (page %d)", op, addr, size, Granularity)
+	}
+	i := sort.Search(len(d.reserves), func(i int) bool { return d.reserves[i].addr > addr }) - 1
+	if i < 0 || addr+size > d.reserves[i].addr+d.reserves[i].size {
+		return fmt.Errorf("sim: %s [%#x, +%d): outside every reservation", op, addr, size)
+	}
+	return nil
+}
+
+// Map backs the pages of [addr, addr+size) with memory, charging size
+// bytes. The range must be page-aligned, inside a reservation and unmapped.
+func (d *Device) Map(addr, size uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.mapCall++
+	if err := d.checkPages("map", addr, size); err != nil {
+		return err
+	}
+	for p := addr; p < addr+size; p += Granularity {
+		if _, m := d.mapped[p]; m {
+			return fmt.Errorf("sim: map [%#x, +%d): page %#x is already mapped", addr, size, p)
+		}
+	}
+	if d.oom(size, d.failMap[d.mapCall]) {
+		return fmt.Errorf("sim: map of %d bytes: %w", size, gpu.ErrOutOfMemory)
+	}
+	for p := addr; p < addr+size; p += Granularity {
+		d.mapped[p] = struct{}{}
+	}
+	d.used += size
+	d.counts.Maps++
+	return nil
+}
+
+// Unmap releases the pages of [addr, addr+size), which must all be mapped.
+func (d *Device) Unmap(addr, size uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := d.checkPages("unmap", addr, size); err != nil {
+		return err
+	}
+	for p := addr; p < addr+size; p += Granularity {
+		if _, m := d.mapped[p]; !m {
+			return fmt.Errorf("sim: unmap [%#x, +%d): page %#x is not mapped", addr, size, p)
+		}
+	}
+	for p := addr; p < addr+size; p += Granularity {
+		delete(d.mapped, p)
+	}
+	d.used -= size
+	d.counts.Unmaps++
+	return nil
+}
+
+// Touch checks that [addr, addr+size) is memory the device has handed out:
+// inside one Malloc'd allocation or on mapped pages.
+func (d *Device) Touch(addr, size uint64) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if size == 0 {
+		return nil
+	}
+	i := sort.Search(len(d.mallocs), func(i int) bool { return d.mallocs[i].addr > addr }) - 1
+	if i >= 0 && addr+size <= d.mallocs[i].addr+d.mallocs[i].size {
+		return nil
+	}
+	for p := addr &^ (Granularity - 1); p < addr+size; p += Granularity {
+		if _, m := d.mapped[p]; !m {
+			return fmt.Errorf("sim: touch [%#x, +%d): %#x is not allocated", addr, size, max(p, addr))
+		}
+	}
+	return nil
+}
+
+// A fence packs a sequence number (high 32 bits) and the id of the hold it
+// was recorded under (low 32 bits; 0 when its stream was not held), so no
+// per-fence state is kept.
+const holdBits = 32
+
+// Hold makes the work on stream pending: fences recorded on it from now on
+// are not done until Release (or a wait) lets the work finish.
+func (d *Device) Hold(stream int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.holds[stream]; ok {
+		return
+	}
+	d.holdSeq++
+	d.holds[stream] = d.holdSeq
+	d.pending[d.holdSeq] = struct{}{}
+}
+
+// Release lets the held work on stream finish: its fences become done.
+func (d *Device) Release(stream int64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if h, ok := d.holds[stream]; ok {
+		delete(d.holds, stream)
+		delete(d.pending, h)
+	}
+}
+
+// RecordFence marks the end of stream's work; it is done at once unless the
+// stream is held.
+func (d *Device) RecordFence(stream int64) (gpu.Fence, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.fenceSeq++
+	d.counts.Fences++
+	return gpu.Fence(d.fenceSeq<<holdBits | d.holds[stream]), nil
+}
+
+// FenceDone reports whether the hold f was recorded under has been released.
+func (d *Device) FenceDone(f gpu.Fence) (bool, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f>>holdBits == 0 || uint64(f>>holdBits) > d.fenceSeq {
+		return false, fmt.Errorf("sim: unknown fence %#x", uint64(f))
+	}
+	_, pending := d.pending[uint64(f)&(1<<holdBits-1)]
+	return !pending, nil
+}
+
+// WaitFence lets the work before f finish and returns. Waiting on a real
+// device ends when the work is done, so the simulation finishes it instead
+// of blocking: the stream f was recorded on is released.
+func (d *Device) WaitFence(f gpu.Fence) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if f>>holdBits == 0 || uint64(f>>holdBits) > d.fenceSeq {
+		return fmt.Errorf("sim: unknown fence %#x", uint64(f))
+	}
+	h := uint64(f) & (1<<holdBits - 1)
+	for s, sh := range d.holds {
+		if sh == h {
+			delete(d.holds, s)
+		}
+	}
+	delete(d.pending, h)
+	d.counts.Waits++
+	return nil
+}
+
+// Synchronize lets all held work finish: every stream is released.
+func (d *Device) Synchronize() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	clear(d.holds)
+	clear(d.pending)
+	d.counts.Syncs++
+	return nil
+}

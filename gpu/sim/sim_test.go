@@ -1,0 +1,376 @@
+package sim
+
+import (
+	"errors"
+	"testing"
+
+	"vramscope/gpu"
+)
+
+const mib = 1 << 20
+
+func mustMalloc(t *testing.T, d *Device, size uint64) uint64 {
+	t.Helper()
+	a, err := d.Malloc(size)
+	if err != nil {
+		t.Fatalf("Malloc(%d): %v", size, err)
+	}
+	return a
+}
+
+func checkFree(t *testing.T, d *Device, want uint64) {
+	t.Helper()
+	free, total, err := d.MemInfo()
+	if err != nil || free != want || total != d.Capacity() {
+		t.Fatalf("MemInfo = %d, %d, %v; want free %d, total %d", free, total, err, want, d.Capacity())
+	}
+}
+
+func TestIdentity(t *testing.T) {
+	d := New(mib)
+	if d.Name() != "simulated" || d.Ordinal() != 0 {
+		t.Fatalf("Name, Ordinal = %q, %d", d.Name(), d.Ordinal())
+	}
+	d = New(mib, WithOrdinal(3), WithName("sim H200"))
+	if d.Name() != "sim H200" || d.Ordinal() != 3 {
+		t.Fatalf("Name, Ordinal = %q, %d", d.Name(), d.Ordinal())
+	}
+}
+
+func TestMallocFirstFit(t *testing.T) {
+	d := New(100 * mib)
+	a := mustMalloc(t, d, 20*mib)
+	b := mustMalloc(t, d, 3*mib) // placed as 4 MiB
+	c := mustMalloc(t, d, 100)   // placed as 2 MiB
+	if a != MallocBase || b != MallocBase+20*mib || c != MallocBase+24*mib {
+		t.Fatalf("addresses %#x %#x %#x", a, b, c)
+	}
+	checkFree(t, d, 100*mib-20*mib-3*mib-100)
+
+	if err := d.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	// First fit: a 2 MiB request goes into the hole a left, not after c.
+	if e := mustMalloc(t, d, 2*mib); e != MallocBase {
+		t.Fatalf("after free, Malloc = %#x, want %#x", e, uint64(MallocBase))
+	}
+	// 20 MiB no longer fits in the 18 MiB hole: it goes after c.
+	if f := mustMalloc(t, d, 20*mib); f != MallocBase+26*mib {
+		t.Fatalf("Malloc(20 MiB) = %#x, want %#x", f, uint64(MallocBase+26*mib))
+	}
+	if got := d.Counts(); got.Mallocs != 5 || got.Frees != 1 {
+		t.Fatalf("counts %+v", got)
+	}
+}
+
+func TestMallocDeterministic(t *testing.T) {
+	run := func() []uint64 {
+		d := New(1 << 30)
+		var out []uint64
+		for i := uint64(1); i <= 20; i++ {
+			a := mustMalloc(t, d, i*777777)
+			out = append(out, a)
+			if i%3 == 0 {
+				if err := d.Free(out[i/2]); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		return out
+	}
+	a, b := run(), run()
+	for i := range a {
+		if a[i] != b[i] || a[i]%Granularity != 0 {
+			t.Fatalf("run differs or unaligned at %d: %#x vs %#x", i, a[i], b[i])
+		}
+	}
+}
+
+func TestFreeErrors(t *testing.T) {
+	d := New(10 * mib)
+	a := mustMalloc(t, d, mib)
+	for _, addr := range []uint64{0, a + 512, 0x1234} {
+		if err := d.Free(addr); err == nil {
+			t.Errorf("Free(%#x) of an unknown address: no error", addr)
+		}
+	}
+	if err := d.Free(a); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Free(a); err == nil {
+		t.Error("double Free: no error")
+	}
+	if _, err := d.Malloc(0); err == nil || errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Errorf("Malloc(0) = %v, want a non-OOM error", err)
+	}
+	checkFree(t, d, 10*mib)
+}
+
+func TestCapacityNeverExceeded(t *testing.T) {
+	d := New(60 * mib)
+	var addrs []uint64
+	for range 3 {
+		addrs = append(addrs, mustMalloc(t, d, 20*mib))
+	}
+	checkFree(t, d, 0)
+	if _, err := d.Malloc(1); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("Malloc on a full device = %v, want ErrOutOfMemory", err)
+	}
+	r, err := d.Reserve(40 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("Map on a full device = %v, want ErrOutOfMemory", err)
+	}
+	if err := d.Free(addrs[1]); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 20*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r+20*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("Map past capacity = %v, want ErrOutOfMemory", err)
+	}
+	if _, err := d.Malloc(mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("Malloc past capacity = %v, want ErrOutOfMemory", err)
+	}
+	if d.Used() != 60*mib {
+		t.Fatalf("Used = %d", d.Used())
+	}
+	if c := d.Counts(); c.OOMs != 4 || c.Mallocs != 3 || c.Maps != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+func TestReserveGap(t *testing.T) {
+	d := New(mib) // reservations charge nothing
+	a, err := d.Reserve(20 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := d.Reserve(2 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a != ReserveBase || b < a+20*mib+Granularity {
+		t.Fatalf("reservations at %#x, %#x: want the first at %#x and a gap", a, b, uint64(ReserveBase))
+	}
+	c, err := d.Reserve(4 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Free the middle one; a new reservation of the same size may reuse its
+	// place but must still keep a gap on both sides.
+	if err := d.Unreserve(b, 2*mib); err != nil {
+		t.Fatal(err)
+	}
+	e, err := d.Reserve(2 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e < a+20*mib+Granularity || e+2*mib+Granularity > c {
+		t.Fatalf("reservation %#x touches its neighbours %#x..%#x", e, a+20*mib, c)
+	}
+	for _, size := range []uint64{0, mib, 3 * mib} {
+		if _, err := d.Reserve(size); err == nil {
+			t.Errorf("Reserve(%d): no error", size)
+		}
+	}
+	checkFree(t, d, mib)
+}
+
+func TestMapUnmap(t *testing.T) {
+	d := New(100 * mib)
+	r, err := d.Reserve(40 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 20*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r+20*mib, 4*mib); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, d, 76*mib)
+	if err := d.Touch(r+mib, 22*mib); err != nil {
+		t.Errorf("Touch of mapped pages: %v", err)
+	}
+	if err := d.Touch(r+23*mib, 2*mib); err == nil {
+		t.Error("Touch past the mapped pages: no error")
+	}
+
+	bad := []struct {
+		name       string
+		addr, size uint64
+	}{
+		{"unaligned address", r + mib, 2 * mib},
+		{"unaligned size", r + 30*mib, mib},
+		{"zero size", r + 30*mib, 0},
+		{"past the reservation", r + 38*mib, 4 * mib},
+		{"outside any reservation", MallocBase, 2 * mib},
+		{"already mapped", r + 18*mib, 4 * mib},
+	}
+	for _, c := range bad {
+		if err := d.Map(c.addr, c.size); err == nil || errors.Is(err, gpu.ErrOutOfMemory) {
+			t.Errorf("Map %s = %v, want a non-OOM error", c.name, err)
+		}
+	}
+	if err := d.Unmap(r+24*mib, 2*mib); err == nil {
+		t.Error("Unmap of an unmapped page: no error")
+	}
+	if err := d.Unmap(r+mib, 2*mib); err == nil {
+		t.Error("Unmap of an unaligned range: no error")
+	}
+	if err := d.Unreserve(r, 40*mib); err == nil {
+		t.Error("Unreserve with pages mapped: no error")
+	}
+	if err := d.Unreserve(r, 20*mib); err == nil {
+		t.Error("Unreserve of the wrong size: no error")
+	}
+	checkFree(t, d, 76*mib)
+
+	// Unmap in pieces other than the ones mapped: pages are independent.
+	if err := d.Unmap(r+18*mib, 6*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unmap(r, 18*mib); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, d, 100*mib)
+	if err := d.Unreserve(r, 40*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 2*mib); err == nil {
+		t.Error("Map after Unreserve: no error")
+	}
+	if c := d.Counts(); c.Maps != 2 || c.Unmaps != 2 || c.Reserves != 1 || c.Unreserves != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+func TestTouchMalloc(t *testing.T) {
+	d := New(10 * mib)
+	a := mustMalloc(t, d, 3*mib)
+	if err := d.Touch(a+mib, 2*mib); err != nil {
+		t.Error(err)
+	}
+	// The placement rounds to 4 MiB, but only 3 MiB are the allocation's.
+	if err := d.Touch(a+2*mib, 2*mib); err == nil {
+		t.Error("Touch past the allocation: no error")
+	}
+	if err := d.Touch(0x1000, 1); err == nil {
+		t.Error("Touch of unallocated memory: no error")
+	}
+}
+
+func TestFaultInjection(t *testing.T) {
+	d := New(100*mib, FailMalloc(2, 4), FailMap(1), FailAbove(30*mib))
+	var errs []error
+	for range 5 {
+		_, err := d.Malloc(mib)
+		errs = append(errs, err)
+	}
+	for i, err := range errs {
+		wantOOM := i == 1 || i == 3
+		if errors.Is(err, gpu.ErrOutOfMemory) != wantOOM || (err != nil) != wantOOM {
+			t.Errorf("Malloc call %d: %v", i+1, err)
+		}
+	}
+	if _, err := d.Malloc(31 * mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Errorf("Malloc above the limit = %v", err)
+	}
+	if _, err := d.Malloc(30 * mib); err != nil {
+		t.Errorf("Malloc at the limit = %v", err)
+	}
+	r, err := d.Reserve(64 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Errorf("first Map = %v, want ErrOutOfMemory", err)
+	}
+	if err := d.Map(r, 2*mib); err != nil {
+		t.Errorf("second Map = %v", err)
+	}
+	if err := d.Map(r+2*mib, 32*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Errorf("Map above the limit = %v", err)
+	}
+	c := d.Counts()
+	if c.Mallocs != 4 || c.OOMs != 5 || c.Maps != 1 {
+		t.Errorf("counts %+v", c)
+	}
+	checkFree(t, d, 100*mib-3*mib-30*mib-2*mib)
+}
+
+func done(t *testing.T, d *Device, f gpu.Fence) bool {
+	t.Helper()
+	ok, err := d.FenceDone(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ok
+}
+
+func TestFences(t *testing.T) {
+	d := New(mib)
+	f0, _ := d.RecordFence(1)
+	if f0 == 0 || !done(t, d, f0) {
+		t.Fatal("a fence on a free-running stream is not done at once")
+	}
+	d.Hold(2)
+	f1, _ := d.RecordFence(2)
+	f2, _ := d.RecordFence(2)
+	g, _ := d.RecordFence(1)
+	if f1 == f2 {
+		t.Fatal("two fences are equal")
+	}
+	if done(t, d, f1) || done(t, d, f2) {
+		t.Fatal("fence on a held stream is done")
+	}
+	if !done(t, d, g) {
+		t.Fatal("holding stream 2 held stream 1")
+	}
+	d.Release(2)
+	if !done(t, d, f1) || !done(t, d, f2) {
+		t.Fatal("fence not done after Release")
+	}
+	f3, _ := d.RecordFence(2)
+	if !done(t, d, f3) {
+		t.Fatal("a released stream is still held")
+	}
+
+	// Hold again: new fences are pending, the old ones stay done.
+	d.Hold(2)
+	d.Hold(2) // idempotent
+	f4, _ := d.RecordFence(2)
+	if done(t, d, f4) || !done(t, d, f1) {
+		t.Fatal("second hold")
+	}
+	if err := d.WaitFence(f4); err != nil {
+		t.Fatal(err)
+	}
+	if !done(t, d, f4) {
+		t.Fatal("fence not done after WaitFence")
+	}
+
+	d.Hold(3)
+	d.Hold(4)
+	h3, _ := d.RecordFence(3)
+	h4, _ := d.RecordFence(4)
+	if err := d.Synchronize(); err != nil {
+		t.Fatal(err)
+	}
+	if !done(t, d, h3) || !done(t, d, h4) {
+		t.Fatal("fences not done after Synchronize")
+	}
+	if _, err := d.FenceDone(0); err == nil {
+		t.Error("FenceDone(0): no error")
+	}
+	if err := d.WaitFence(gpu.Fence(1 << 60)); err == nil {
+		t.Error("WaitFence of an unknown fence: no error")
+	}
+	if c := d.Counts(); c.Fences != 8 || c.Waits != 1 || c.Syncs != 1 {
+		t.Errorf("counts %+v", c)
+	}
+}
