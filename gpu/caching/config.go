@@ -286,6 +286,9 @@ func (c Config) String() string {
 	if c.MemoryFraction > 0 {
 		parts = append(parts, "per_process_memory_fraction:"+strconv.FormatFloat(c.MemoryFraction, 'g', -1, 64))
 	}
+	if c.ReleaseLockOnCudaMalloc {
+		parts = append(parts, "release_lock_on_cudamalloc:True")
+	}
 	uniform := true
 	for _, d := range c.RoundupDivisions {
 		uniform = uniform && d == c.RoundupDivisions[0]
