@@ -15,23 +15,24 @@ import (
 
 // Block is a piece of a segment (PyTorch's struct Block).
 type Block struct {
-	addr, size, requested uint64
-	stream                int64
-	pool                  *blockPool
-	region                *region
-	allocated             bool
-	mapped                bool
-	prev, next            *Block
-	eventCount            int
-	streamUses            []int64
-	gcCountBase           uint64
-	stack                 gpu.StackID
-	seq                   int64
-
-	// treap links (see blockSet)
-	left, right *Block
+	// The fields the best-fit search reads come first, to share cache lines.
+	left, right *Block // treap links (see blockSet)
+	stream      int64
+	size, addr  uint64
 	prio        uint32
+	allocated   bool
+	mapped      bool
 	inSet       *blockSet
+
+	requested   uint64
+	pool        *blockPool
+	region      *region
+	prev, next  *Block
+	eventCount  int
+	streamUses  []int64
+	gcCountBase uint64
+	stack       gpu.StackID
+	seq         int64
 }
 
 func (b *Block) isSplit() bool { return b.prev != nil || b.next != nil }

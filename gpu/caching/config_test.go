@@ -51,21 +51,21 @@ func TestParseConfigRoundupList(t *testing.T) {
 
 func TestParseConfigErrors(t *testing.T) {
 	cases := map[string]string{
-		"foo:1":                                  "Unrecognized CachingAllocator option: foo",
-		"max_split_size_mb:20":                   "CachingAllocator option max_split_size_mb too small, must be > 20",
-		"max_split_size_mb":                      "Error parsing CachingAllocator settings, expected :",
-		"max_split_size_mb:":                     "Error, expecting max_split_size_mb value",
-		"expandable_segments:true":               "Expected a single True/False argument for expandable_segments",
-		"garbage_collection_threshold:0":         "garbage_collect_threshold too small, set it 0.0~1.0",
-		"garbage_collection_threshold:1.0":       "garbage_collect_threshold too big, set it 0.0~1.0",
-		"roundup_power2_divisions:3":             "For roundups, the divisons has to be power of 2 ",
-		"roundup_power2_divisions:[100:4]":       "For roundups, the intervals have to be power of 2 ",
-		"roundup_power2_divisions:[64:3]":        "For roundups, the divisons has to be power of 2 or 0 to disable roundup ",
-		"expandable_segments:True;max_split":     "Expected a single True/False argument for expandable_segments",
-		"expandable_segments:True max_split":     "Expected a single True/False argument for expandable_segments",
-		"max_split_size_mb:100:":                 "Error parsing CachingAllocator settings, expected ,",
-		"backend:cudaMallocAsync":                "backend:cudaMallocAsync is the driver's own allocator; vramscope models only the native caching allocator",
-		"roundup_power2_divisions:[64:4":         "Error parsing CachingAllocator settings, expected ]",
+		"foo:1":                              "Unrecognized CachingAllocator option: foo",
+		"max_split_size_mb:20":               "CachingAllocator option max_split_size_mb too small, must be > 20",
+		"max_split_size_mb":                  "Error parsing CachingAllocator settings, expected :",
+		"max_split_size_mb:":                 "Error, expecting max_split_size_mb value",
+		"expandable_segments:true":           "Expected a single True/False argument for expandable_segments",
+		"garbage_collection_threshold:0":     "garbage_collect_threshold too small, set it 0.0~1.0",
+		"garbage_collection_threshold:1.0":   "garbage_collect_threshold too big, set it 0.0~1.0",
+		"roundup_power2_divisions:3":         "For roundups, the divisons has to be power of 2 ",
+		"roundup_power2_divisions:[100:4]":   "For roundups, the intervals have to be power of 2 ",
+		"roundup_power2_divisions:[64:3]":    "For roundups, the divisons has to be power of 2 or 0 to disable roundup ",
+		"expandable_segments:True;max_split": "Expected a single True/False argument for expandable_segments",
+		"expandable_segments:True max_split": "Expected a single True/False argument for expandable_segments",
+		"max_split_size_mb:100:":             "Error parsing CachingAllocator settings, expected ,",
+		"backend:cudaMallocAsync":            "backend:cudaMallocAsync is the driver's own allocator; vramscope models only the native caching allocator",
+		"roundup_power2_divisions:[64:4":     "Error parsing CachingAllocator settings, expected ]",
 	}
 	for in, want := range cases {
 		_, err := ParseConfig(in)

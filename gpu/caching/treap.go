@@ -41,69 +41,68 @@ func (s *blockSet) nextPrio() uint32 {
 	return s.rng
 }
 
+// insert descends to where b's priority belongs, then splits the subtree
+// there by b's key into b's children (iterative: no recursion on the hot path).
 func (s *blockSet) insert(b *Block) {
-	b.left, b.right, b.prio = nil, nil, s.nextPrio()
+	k := s.key(b)
+	b.prio = s.nextPrio()
 	b.inSet = s
-	s.root = s.ins(s.root, b, s.key(b))
+	link := &s.root
+	for t := *link; t != nil && t.prio >= b.prio; t = *link {
+		if k.less(s.key(t)) {
+			link = &t.left
+		} else {
+			link = &t.right
+		}
+	}
+	l, r := &b.left, &b.right
+	for t := *link; t != nil; {
+		if s.key(t).less(k) {
+			*l, l, t = t, &t.right, t.right
+		} else {
+			*r, r, t = t, &t.left, t.left
+		}
+	}
+	*l, *r = nil, nil
+	*link = b
 	s.len++
-}
-
-func (s *blockSet) ins(t, b *Block, k blockKey) *Block {
-	if t == nil {
-		return b
-	}
-	if k.less(s.key(t)) {
-		t.left = s.ins(t.left, b, k)
-		if t.left.prio > t.prio {
-			l := t.left
-			t.left, l.right = l.right, t
-			return l
-		}
-	} else {
-		t.right = s.ins(t.right, b, k)
-		if t.right.prio > t.prio {
-			r := t.right
-			t.right, r.left = r.left, t
-			return r
-		}
-	}
-	return t
 }
 
 func (s *blockSet) remove(b *Block) {
 	if b.inSet != s {
 		panic("caching: removing a block from a set that does not hold it")
 	}
-	s.root = s.del(s.root, b, s.key(b))
+	k := s.key(b)
+	link := &s.root
+	for *link != b {
+		if k.less(s.key(*link)) {
+			link = &(*link).left
+		} else {
+			link = &(*link).right
+		}
+	}
+	*link = merge(b.left, b.right)
 	b.inSet, b.left, b.right = nil, nil, nil
 	s.len--
 }
 
-func (s *blockSet) del(t, b *Block, k blockKey) *Block {
-	if t == b {
-		return merge(t.left, t.right)
-	}
-	if k.less(s.key(t)) {
-		t.left = s.del(t.left, b, k)
-	} else {
-		t.right = s.del(t.right, b, k)
-	}
-	return t
-}
-
+// merge joins two treaps whose keys are all smaller in a than in b.
 func merge(a, b *Block) *Block {
-	switch {
-	case a == nil:
-		return b
-	case b == nil:
-		return a
-	case a.prio > b.prio:
-		a.right = merge(a.right, b)
-		return a
-	default:
-		b.left = merge(a, b.left)
-		return b
+	var root *Block
+	link := &root
+	for a != nil && b != nil {
+		if a.prio > b.prio {
+			*link, link, a = a, &a.right, a.right
+		} else {
+			*link, link, b = b, &b.left, b.left
+		}
 	}
+	if a != nil {
+		*link = a
+	} else {
+		*link = b
+	}
+	return root
 }
 
 // lowerBound returns the first block whose key is not less than k.
