@@ -1,0 +1,424 @@
+package pytorch
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"sort"
+	"strings"
+
+	"vramscope/gpu"
+)
+
+// knownStrings are interned first, so their indices are the constants below
+// and key matching is an integer comparison.
+var knownStrings = []string{
+	"action", "addr", "size", "stream", "time_us", "frames", "device_free",
+	"compile_context", "user_metadata", "name", "filename", "line",
+	"segments", "device_traces", "allocator_settings", "external_annotations",
+	"device", "address", "total_size", "blocks", "state", "requested_size",
+	"segment_type", "segment_pool_id", "is_expandable", "history", "real_size",
+	"stage", "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "expandable_segments",
+	"roundup_power2_divisions",
+}
+
+const (
+	sAction = iota
+	sAddr
+	sSize
+	sStream
+	sTimeUS
+	sFrames
+	sDeviceFree
+	sCompileContext
+	sUserMetadata
+	sName
+	sFilename
+	sLine
+	sSegments
+	sDeviceTraces
+	sAllocatorSettings
+	sExternalAnnotations
+	sDevice
+	sAddress
+	sTotalSize
+	sBlocks
+	sState
+	sRequestedSize
+	sSegmentType
+	sSegmentPoolID
+	sIsExpandable
+	sHistory
+	sRealSize
+	sStage
+	sAllocConf
+	sMaxSplitSize
+	sExpandableSegments
+	sRoundupDivisions
+)
+
+// eventList is a list of trace entries, kept as events from the start.
+type eventList struct {
+	events []gpu.Event
+	extra  []uint32 // 1+index into the decoder's extras; nil until an entry has extras
+	timed  int      // entries with time_us
+	bad    string   // the first malformed entry's problem
+	badAt  int
+}
+
+// EventExtra holds the fields of a trace entry that gpu.Event has no room
+// for. Events share one EventExtra when their fields are equal.
+type EventExtra struct {
+	CompileContext string         `json:"compile_context,omitempty"`
+	UserMetadata   string         `json:"user_metadata,omitempty"`
+	Action         string         `json:"action,omitempty"` // an action gpu.Action does not name (e.g. "annotate")
+	Other          map[string]any `json:"other,omitempty"`  // keys this package does not know
+}
+
+type extraKey struct {
+	cc, um, action uint32 // 1+string index; 0 when absent
+	other          string // canonical text of Other
+}
+
+// setItems adds key/value pairs to a dict. In snapshot mode a "frames"
+// list becomes an interned stack right here: its dict is complete, and
+// other entries reach the same list through the memo.
+func (d *decoder) setItems(dict Value, kv []Value) error {
+	if dict.kind != kDict {
+		return fmt.Errorf("setting items on a %s", dict.kind)
+	}
+	o := dict.obj
+	if o.conv.kind != kEmpty {
+		return fmt.Errorf("setting items on a dict already read as a %s", o.conv.kind)
+	}
+	for i := 0; i < len(kv); i += 2 {
+		k, v := kv[i], kv[i+1]
+		if d.snap && k.kind == kStr && k.bits == sFrames && v.kind == kList {
+			v = d.internStack(v)
+		}
+		o.items = append(o.items, k, v)
+	}
+	return nil
+}
+
+// appendItems adds items to a list. In snapshot mode, trace entries
+// appended to an empty list make it an event list.
+func (d *decoder) appendItems(list Value, items []Value) error {
+	if list.kind != kList {
+		return fmt.Errorf("appending to a %s", list.kind)
+	}
+	o := list.obj
+	if o.conv.kind != kEmpty {
+		return fmt.Errorf("appending to a list already read as a %s", o.conv.kind)
+	}
+	if d.snap && len(items) > 0 && o.events == nil && len(o.items) == 0 && isEntry(items[0]) {
+		o.events = &eventList{}
+	}
+	if o.events == nil {
+		o.items = append(o.items, items...)
+		return nil
+	}
+	for _, it := range items {
+		if !isEntry(it) {
+			return fmt.Errorf("a list of trace entries holds a %s (entry %d)", it.kind, len(o.events.events))
+		}
+		d.addEvent(o.events, it.obj)
+	}
+	return nil
+}
+
+// isEntry says whether v is a trace entry: a dict with a string "action".
+func isEntry(v Value) bool {
+	if v.kind != kDict {
+		return false
+	}
+	items := v.obj.items
+	for i := 0; i < len(items); i += 2 {
+		if items[i].kind == kStr && items[i].bits == sAction {
+			return items[i+1].kind == kStr
+		}
+	}
+	return false
+}
+
+// addEvent turns a trace entry dict into an event and drops the dict.
+func (d *decoder) addEvent(el *eventList, o *object) {
+	e := gpu.Event{Seq: int64(len(el.events)), TimeUS: -1}
+	var ex extraKey
+	var other map[string]any
+	var hasAddr, hasSize, hasFree bool
+	bad := ""
+	u64 := func(key string, v Value) uint64 {
+		u, exact, ok := v.uint64()
+		if (!ok || !exact) && bad == "" {
+			bad = fmt.Sprintf("%q is not an integer from 0 to 2^64-1", key)
+		}
+		return u
+	}
+	items := o.items
+	for i := 0; i < len(items); i += 2 {
+		k, v := items[i], items[i+1]
+		switch {
+		case k.kind != kStr:
+			bad = "a key is not a string"
+		case k.bits == sAction:
+			if a, ok := d.actionOf[uint32(v.bits)]; ok {
+				e.Action = a
+			} else {
+				ex.action = uint32(v.bits) + 1
+			}
+		case k.bits == sAddr:
+			e.Addr, hasAddr = u64("addr", v), true
+		case k.bits == sSize:
+			e.Size, hasSize = u64("size", v), true
+		case k.bits == sDeviceFree:
+			e.DeviceFree, hasFree = u64("device_free", v), true
+		case k.bits == sStream:
+			if v.kind == kInt || v.kind == kUint {
+				e.Stream = int64(v.bits) // a cudaStream_t cast to an integer
+			} else if bad == "" {
+				bad = `"stream" is not a 64-bit integer`
+			}
+		case k.bits == sTimeUS:
+			if t, ok := v.int64(); ok {
+				e.TimeUS = t
+				el.timed++
+			} else if bad == "" {
+				bad = `"time_us" is not a 64-bit integer`
+			}
+		case k.bits == sFrames:
+			if v.kind == kStack {
+				e.Stack = gpu.StackID(v.bits)
+			} else if bad == "" {
+				bad = `"frames" is not a list of frames {name, filename, line}`
+			}
+		case k.bits == sCompileContext && v.kind == kStr:
+			ex.cc = uint32(v.bits) + 1
+		case k.bits == sUserMetadata && v.kind == kStr:
+			ex.um = uint32(v.bits) + 1
+		default:
+			if other == nil {
+				other = map[string]any{}
+			}
+			budget := 1 << 20
+			x, err := d.toAny(v, 1, &budget)
+			if err != nil && bad == "" {
+				bad = fmt.Sprintf("%q: %v", d.strs[k.bits], err)
+			}
+			other[d.strs[k.bits]] = x
+		}
+	}
+	switch {
+	case !hasSize:
+		bad = `missing key "size"`
+	case e.Action == gpu.ActionOOM && !hasFree:
+		bad = `missing key "device_free"`
+	case e.Action != gpu.ActionOOM && !hasAddr:
+		bad = `missing key "addr"`
+	}
+	if bad != "" && el.bad == "" {
+		el.bad, el.badAt = bad, len(el.events)
+	}
+	if other != nil {
+		ex.other = fmt.Sprint(other) // fmt prints maps with sorted keys
+	}
+	if ex != (extraKey{}) {
+		idx, ok := d.extraIdx[ex]
+		if !ok {
+			x := EventExtra{Other: other}
+			if ex.cc > 0 {
+				x.CompileContext = d.strs[ex.cc-1]
+			}
+			if ex.um > 0 {
+				x.UserMetadata = d.strs[ex.um-1]
+			}
+			if ex.action > 0 {
+				x.Action = d.strs[ex.action-1]
+			}
+			d.extras = append(d.extras, x)
+			idx = uint32(len(d.extras))
+			d.extraIdx[ex] = idx
+		}
+		if el.extra == nil {
+			el.extra = make([]uint32, len(el.events), cap(el.events))
+		}
+		el.extra = append(el.extra, idx)
+	} else if el.extra != nil {
+		el.extra = append(el.extra, 0)
+	}
+	el.events = append(el.events, e)
+	d.replaceMemo(o, Value{kind: kConsumed})
+}
+
+// internStack turns a list of frame dicts into an interned stack. A list
+// that is not one stays as it is, for the converter to report.
+func (d *decoder) internStack(v Value) Value {
+	o := v.obj
+	if o.events != nil {
+		return v
+	}
+	key := d.scratch[:0]
+	for i, it := range o.items {
+		it = resolve(it)
+		if it.kind == kDict {
+			f, ok := d.internFrame(it.obj)
+			if !ok {
+				return v
+			}
+			it = f
+			o.items[i] = f
+		}
+		if it.kind != kFrame {
+			return v
+		}
+		key = binary.LittleEndian.AppendUint32(key, uint32(it.bits))
+	}
+	d.scratch = key
+	id, ok := d.stackIdx[string(key)]
+	if !ok {
+		st := make(gpu.Stack, len(o.items))
+		for i := range st {
+			st[i] = d.frames[binary.LittleEndian.Uint32(key[4*i:])]
+		}
+		d.stacks = append(d.stacks, st)
+		id = gpu.StackID(len(d.stacks))
+		d.stackIdx[string(key)] = id
+	}
+	s := Value{kind: kStack, bits: uint64(id)}
+	d.replaceMemo(o, s)
+	return s
+}
+
+// internFrame turns a {name, filename, line} dict into a frame index.
+// Other keys (the FX fields of newer versions) are not kept.
+func (d *decoder) internFrame(o *object) (Value, bool) {
+	var k frameKey
+	var has int
+	for i := 0; i < len(o.items); i += 2 {
+		key, v := o.items[i], o.items[i+1]
+		if key.kind != kStr {
+			return Value{}, false
+		}
+		switch key.bits {
+		case sName, sFilename:
+			if v.kind != kStr {
+				return Value{}, false
+			}
+			if key.bits == sName {
+				k.name = uint32(v.bits)
+			} else {
+				k.file = uint32(v.bits)
+			}
+			has |= 1 << key.bits
+		case sLine:
+			switch v.kind {
+			case kInt:
+				if int64(v.bits) < 0 {
+					d.wideLines++ // negative: clamped to 0
+				} else {
+					k.line = v.bits
+				}
+			case kUint:
+				k.line = v.bits
+			case kBig:
+				d.wideLines++ // beyond 64 bits: clamped
+				if v.obj.big.Sign() > 0 {
+					k.line = math.MaxUint64
+				}
+			default:
+				return Value{}, false
+			}
+			has |= 1 << sLine
+		}
+	}
+	if has != 1<<sName|1<<sFilename|1<<sLine {
+		return Value{}, false
+	}
+	idx, ok := d.frameIdx[k]
+	if !ok {
+		idx = uint32(len(d.frames))
+		d.frames = append(d.frames, gpu.Frame{Name: d.strs[k.name], Filename: d.strs[k.file], Line: k.line})
+		d.frameIdx[k] = idx
+	}
+	f := Value{kind: kFrame, bits: uint64(idx)}
+	d.replaceMemo(o, f)
+	return f, true
+}
+
+// eventsAny turns an event list back into trace entry dicts.
+func (d *decoder) eventsAny(el *eventList, budget *int) (any, error) {
+	out := make([]any, len(el.events))
+	for i, e := range el.events {
+		if *budget -= 8; *budget < 0 {
+			return nil, errTooLarge
+		}
+		var x *EventExtra
+		if el.extra != nil && el.extra[i] > 0 {
+			x = &d.extras[el.extra[i]-1]
+		}
+		out[i] = entryAny(e, x, e.TimeUS >= 0, func(id gpu.StackID) gpu.Stack {
+			if id == 0 {
+				return nil
+			}
+			return d.stacks[id-1]
+		})
+	}
+	return out, nil
+}
+
+// entryAny is a trace entry as a generic dict.
+func entryAny(e gpu.Event, x *EventExtra, withTime bool, stack func(gpu.StackID) gpu.Stack) map[string]any {
+	m := map[string]any{"action": e.Action.String(), "size": e.Size, "stream": e.Stream}
+	if e.Action == gpu.ActionOOM {
+		m["device_free"] = e.DeviceFree
+	} else {
+		m["addr"] = e.Addr
+	}
+	if withTime {
+		m["time_us"] = e.TimeUS
+	}
+	frames := []any{}
+	for _, f := range stack(e.Stack) {
+		frames = append(frames, map[string]any{"name": f.Name, "filename": f.Filename, "line": lineAny(f.Line)})
+	}
+	m["frames"] = frames
+	if x != nil {
+		if x.Action != "" {
+			m["action"] = x.Action
+		}
+		if x.CompileContext != "" {
+			m["compile_context"] = x.CompileContext
+		}
+		if x.UserMetadata != "" {
+			m["user_metadata"] = x.UserMetadata
+		}
+		for k, v := range x.Other {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// dictGet returns the value of a string key in a dict; the last one wins,
+// as in Python.
+func dictGet(v Value, key uint32) (Value, bool) {
+	items := v.obj.items
+	for i := len(items) - 2; i >= 0; i -= 2 {
+		if items[i].kind == kStr && uint32(items[i].bits) == key {
+			return items[i+1], true
+		}
+	}
+	return Value{}, false
+}
+
+// describeKeys lists a dict's keys, for error messages.
+func (d *decoder) describeKeys(v Value) string {
+	var ks []string
+	for i := 0; i < len(v.obj.items); i += 2 {
+		if k := v.obj.items[i]; k.kind == kStr {
+			ks = append(ks, d.strs[k.bits])
+		}
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, ", ")
+}

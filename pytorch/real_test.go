@@ -1,0 +1,105 @@
+package pytorch
+
+import (
+	"os"
+	"path/filepath"
+	"testing"
+
+	"vramscope/gpu"
+)
+
+// realDir holds the real snapshots: ../../shared beside the checkout's
+// packages here, ../shared beside the clone in CI.
+func realDir(t testing.TB) string {
+	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch"} {
+		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
+			return dir
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
+	}
+	t.Skip("the real snapshots (shared/testdata/pytorch) are not here")
+	return ""
+}
+
+// devFigures are PROVENANCE.md's figures for one device.
+type devFigures struct {
+	device, segments, blocks, events int
+	allocated, reserved              uint64
+}
+
+type fileFigures struct {
+	segments, blocks               int
+	reserved, allocated, requested uint64
+	events                         []int // per device_traces entry
+	ooms                           int
+}
+
+// expected is PROVENANCE.md's table (CPython 3.11 pickle figures).
+var expected = map[string]fileFigures{
+	"expandable_oom_multigpu.pickle":        {12, 790, 114628231168, 28728827904, 28728795288, []int{6445, 596, 882, 0}, 1},
+	"oom_nonexpandable.json":                {120, 307, 22571646976, 22536960512, 22531455488, []int{1299}, 1},
+	"legacy_block_history.pickle":           {176, 463, 11844714496, 11840159744, 11840159744, []int{1}, 0},
+	"no_time_us_segment_churn.pickle":       {136, 204, 18566086656, 16199101440, 16199097344, []int{10327, 0, 0, 0}, 0},
+	"training_22k_user_metadata.pickle":     {234, 1031, 25178406912, 6874481152, 6870548484, []int{22331}, 0},
+	"windows_paths_small.pickle":            {216, 455, 14180941824, 1377753600, 1373919236, []int{5163}, 0},
+	"segments_list_only.pkl":                {255, 2140, 3649044480, 3353639424, 3308174782, nil, 0},
+	"uint64_line_annotations.pickle":        {30, 378, 1107296256, 1043817472, 1029235712, []int{8507}, 0},
+	"two_gpus_expandable_state_only.pickle": {3, 10, 85983232, 17071104, 17070768, []int{0, 0}, 0},
+	"empty_four_devices.pickle":             {0, 0, 0, 0, 0, []int{0, 0, 0, 0}, 0},
+	"snapshot_action_entry.pickle":          {22, 97, 9196011520, 1493379584, 1493235840, []int{902}, 0},
+	"settings_no_annotations.pickle":        {259, 868, 17133731840, 16397578240, 16380108168, []int{1}, 0},
+	"ftcourse_2024_memory_snapshot.pickle":  {215, 1079, 6471811072, 2297283072, 0, []int{10307}, 0},
+	"cs336_ctx128_forward.pickle":           {516, 1276, 19667091456, 19498420224, 0, []int{4657}, 0},
+}
+
+func TestRealSnapshots(t *testing.T) {
+	dir := realDir(t)
+	for name, want := range expected {
+		t.Run(name, func(t *testing.T) {
+			traces, err := DecodeFile(filepath.Join(dir, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got fileFigures
+			byDev := map[int]*Trace{}
+			for _, tr := range traces {
+				byDev[tr.Device] = tr
+				f := tr.Final.Figures()
+				got.segments += f.Segments
+				got.blocks += f.Blocks
+				got.reserved += f.Reserved
+				got.allocated += f.Allocated
+				got.requested += f.Requested
+				got.ooms += tr.OOMs()
+				if err := tr.Final.CheckTiling(); err != nil {
+					t.Errorf("device %d: %v", tr.Device, err)
+				}
+				if len(tr.Mismatches) != 0 {
+					t.Errorf("device %d: %d mismatches, first: %v", tr.Device, len(tr.Mismatches), &tr.Mismatches[0])
+				}
+			}
+			for d, n := range want.events {
+				tr := byDev[d]
+				if tr == nil {
+					t.Errorf("no trace for device %d", d)
+					continue
+				}
+				if len(tr.Events) != n {
+					t.Errorf("device %d: %d events, want %d", d, len(tr.Events), n)
+				}
+			}
+			if want.requested == 0 {
+				got.requested = 0 // not in the table for these two
+			}
+			got.events = want.events
+			if got.segments != want.segments || got.blocks != want.blocks || got.reserved != want.reserved ||
+				got.allocated != want.allocated || got.requested != want.requested || got.ooms != want.ooms {
+				t.Errorf("figures\n got %+v\nwant %+v", got, want)
+			}
+		})
+	}
+}
+
+var _ = gpu.ActionAlloc
