@@ -493,6 +493,9 @@ func (a *Allocator) RecordStream(addr uint64, stream int64) error {
 
 // Free releases the allocation at addr (DeviceCachingAllocator::free).
 func (a *Allocator) Free(addr uint64) error {
+	if addr == 0 {
+		return nil // freeing the null pointer of a zero-byte malloc does nothing
+	}
 	b := a.live[addr]
 	if b == nil {
 		return fmt.Errorf("invalid device pointer: %#x", addr)

@@ -161,6 +161,17 @@ func (h *harness) checkInvariants() {
 			h.t.Fatalf("replayed layout (block sizes given: %v):\n%s\nallocator:\n%s", withSizes, got, want)
 		}
 	}
+	// Undoing every event from the final state leads back to the empty
+	// device (what the snapshot importer does with PyTorch's ring buffer).
+	back := l.Clone()
+	for i := len(h.rec.events) - 1; i >= 0; i-- {
+		if err := back.Undo(h.rec.events[i]); err != nil {
+			h.t.Fatalf("undo: %v", err)
+		}
+	}
+	if len(back.Segments) != 0 {
+		h.t.Fatalf("undo left %d segments:\n%s", len(back.Segments), renderLayout(back))
+	}
 }
 
 func renderLayout(l *gpu.Layout) string {

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
+	"vramscope/tracer"
+)
+
+func init() {
+	register("replay", "replay a request log through the allocator on the simulated device", runReplay)
+}
+
+// defaultCapacity is the simulated device's memory when none is given: an
+// 80 GiB card such as the A100 or H100.
+const defaultCapacity = "80GiB"
+
+func runReplay(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("replay", stderr)
+	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
+	capacity := fs.String("capacity", defaultCapacity, "simulated device memory")
+	asJSON := fs.Bool("json", false, "print stats, OOMs and segments as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vramscope replay FILE [--alloc-conf STR] [--capacity SIZE] [--json]")
+		fmt.Fprintln(stderr, "FILE is an RMM logging_resource_adaptor CSV log or a PyTorch memory snapshot.")
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want one FILE, got %d arguments", len(pos))
+	}
+	cfg, err := caching.ParseConfig(*conf)
+	if err != nil {
+		return usagef("--alloc-conf: %v", err)
+	}
+	cap, err := gpu.ParseBytes(*capacity)
+	if err != nil {
+		return usagef("--capacity: %v", err)
+	}
+	reqs, err := readRequests(pos[0])
+	if err != nil {
+		return err
+	}
+	dev := sim.New(cap)
+	a, err := caching.New(dev, cfg)
+	if err != nil {
+		return err
+	}
+	res, err := tracer.Replay(a, reqs, nil)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeReplayJSON(stdout, a, res)
+	}
+	for _, o := range res.OOMs {
+		fmt.Fprintf(stdout, "OOM at request %d (%d bytes): %s\n", o.Index, o.Size, o.Message)
+	}
+	if res.UnmatchedFrees > 0 {
+		fmt.Fprintf(stdout, "%d frees of allocations the log never made (or that failed) were ignored\n", res.UnmatchedFrees)
+	}
+	st := a.Stats()
+	fmt.Fprint(stdout, st.Summary(dev.Ordinal(), false))
+	return nil
+}
+
+// readRequests reads a request stream from a file, sniffing its kind.
+func readRequests(path string) ([]tracer.Request, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 1<<20)
+	head, _ := br.Peek(6)
+	if string(head) == "Thread" {
+		reqs, err := tracer.ReadRMM(br)
+		if err != nil {
+			return nil, inputError{fmt.Errorf("%s: %w", path, err)}
+		}
+		return reqs, nil
+	}
+	if snapshotRequests != nil {
+		reqs, err := snapshotRequests(br)
+		if err != nil {
+			return nil, inputError{fmt.Errorf("%s: %w", path, err)}
+		}
+		return reqs, nil
+	}
+	return nil, inputError{errors.New(path + ": not an RMM log (the first line must be the header Thread,Time,Action,Pointer,Size,Stream)")}
+}
+
+// snapshotRequests turns a PyTorch snapshot into requests; set by the
+// snapshot support when it is built in.
+var snapshotRequests func(io.Reader) ([]tracer.Request, error)
+
+type replayJSON struct {
+	Stats    map[string]int64 `json:"stats"`
+	OOMs     []tracer.OOM     `json:"ooms"`
+	Segments []segmentJSON    `json:"segments"`
+}
+
+type segmentJSON struct {
+	Address     uint64      `json:"address"`
+	TotalSize   uint64      `json:"total_size"`
+	Stream      int64       `json:"stream"`
+	SegmentType string      `json:"segment_type"`
+	Expandable  bool        `json:"is_expandable"`
+	Blocks      []blockJSON `json:"blocks"`
+}
+
+type blockJSON struct {
+	Address   uint64 `json:"address"`
+	Size      uint64 `json:"size"`
+	Requested uint64 `json:"requested_size"`
+	State     string `json:"state"`
+}
+
+func segmentsJSON(segs []gpu.Segment) []segmentJSON {
+	out := make([]segmentJSON, 0, len(segs))
+	for _, s := range segs {
+		sj := segmentJSON{Address: s.Addr, TotalSize: s.Size, Stream: s.Stream, SegmentType: s.Pool.String(), Expandable: s.Expandable}
+		for _, b := range s.Blocks {
+			sj.Blocks = append(sj.Blocks, blockJSON{b.Addr, b.Size, b.Requested, b.State.String()})
+		}
+		out = append(out, sj)
+	}
+	return out
+}
+
+func writeReplayJSON(w io.Writer, a *caching.Allocator, res tracer.Result) error {
+	st := a.Stats()
+	out := replayJSON{Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Snapshot())}
+	if out.OOMs == nil {
+		out.OOMs = []tracer.OOM{}
+	}
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(out)
+}
