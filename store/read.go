@@ -1,0 +1,769 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"vramscope/gpu"
+)
+
+const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
+	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us`
+
+type scanner interface{ Scan(...any) error }
+
+func scanTrace(s scanner) (int64, Trace, error) {
+	var t Trace
+	var tid, capacity, pr, pa, pc, created int64
+	var rules, source, status string
+	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
+		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created)
+	if err != nil {
+		return 0, t, err
+	}
+	t.Source, t.Status = Source(source), Status(status)
+	t.Capacity, t.PeakReserved, t.PeakAllocated, t.PeakActive = uint64(capacity), uint64(pr), uint64(pa), uint64(pc)
+	t.Created = time.UnixMicro(created).UTC()
+	if err := json.Unmarshal([]byte(rules), &t.Rules); err != nil {
+		return 0, t, fmt.Errorf("trace %s: allocator rules: %w", t.ID, err)
+	}
+	return tid, t, nil
+}
+
+// Traces lists every trace, newest first.
+func (db *DB) Traces() ([]Trace, error) {
+	rows, err := db.r.Query("SELECT " + traceCols + " FROM traces ORDER BY created_us DESC, tid DESC")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []Trace
+	for rows.Next() {
+		_, t, err := scanTrace(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// Trace returns one trace.
+func (db *DB) Trace(id string) (Trace, error) {
+	_, t, err := lookup(db.r, id)
+	return t, err
+}
+
+type querier interface {
+	QueryRow(string, ...any) *sql.Row
+	Query(string, ...any) (*sql.Rows, error)
+}
+
+func lookup(q querier, id string) (int64, Trace, error) {
+	tid, t, err := scanTrace(q.QueryRow("SELECT "+traceCols+" FROM traces WHERE id = ?", id))
+	if errors.Is(err, sql.ErrNoRows) {
+		return 0, t, fmt.Errorf("trace %q: %w", id, ErrNotFound)
+	}
+	return tid, t, err
+}
+
+// DeleteTrace removes a trace and everything stored for it. A trace still
+// being written is refused.
+func (db *DB) DeleteTrace(id string) error {
+	return db.write(func(tx *sql.Tx) error {
+		var tid, pid int64
+		var status string
+		err := tx.QueryRow("SELECT tid, owner_pid, status FROM traces WHERE id = ?", id).Scan(&tid, &pid, &status)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("trace %q: %w", id, ErrNotFound)
+		}
+		if err != nil {
+			return err
+		}
+		if Status(status) == StatusLive && processAlive(db.path, tid, int(pid)) {
+			return fmt.Errorf("trace %q is being written; stop its writer first", id)
+		}
+		return deleteTrace(tx, tid)
+	})
+}
+
+// reader is one read transaction: every query of one answer sees the same
+// committed state, even while the writer commits.
+type reader struct {
+	tx    *sql.Tx
+	tid   int64
+	trace Trace
+}
+
+func (db *DB) begin(id string) (*reader, error) {
+	tx, err := db.r.BeginTx(context.Background(), &sql.TxOptions{ReadOnly: true})
+	if err != nil {
+		return nil, err
+	}
+	tid, t, err := lookup(tx, id)
+	if err != nil {
+		tx.Rollback()
+		return nil, err
+	}
+	return &reader{tx: tx, tid: tid, trace: t}, nil
+}
+
+func (r *reader) close() { r.tx.Rollback() }
+
+// chunk is one stored chunk of events.
+type chunk struct {
+	firstSeq, lastSeq, firstUS, lastUS int64
+	before                             totals
+	cnt                                allocCounts
+	data                               []byte
+}
+
+const chunkCols = "first_seq, last_seq, first_us, last_us, reserved0, allocated0, active0, allocs0, alloc_bytes0, frees0, free_bytes0, data"
+
+func scanChunk(s scanner) (*chunk, error) {
+	c := &chunk{}
+	var r, a, ac int64
+	err := s.Scan(&c.firstSeq, &c.lastSeq, &c.firstUS, &c.lastUS, &r, &a, &ac, &c.cnt.allocs, &c.cnt.allocBytes, &c.cnt.frees, &c.cnt.freeBytes, &c.data)
+	c.before = totals{uint64(r), uint64(a), uint64(ac)}
+	return c, err
+}
+
+// oneChunk returns the chunk a query selects, or nil.
+func (r *reader) oneChunk(where string, args ...any) (*chunk, error) {
+	c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND "+where, append([]any{r.tid}, args...)...))
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, nil
+	}
+	return c, err
+}
+
+// walk decodes c's events in order, with the totals and counts after each;
+// fn returns false to stop.
+func (c *chunk) walk(fn func(e *gpu.Event, ends bool, t totals, n allocCounts) bool) error {
+	d := newDecoder(c.data, c.firstSeq, c.firstUS)
+	t, n := c.before, c.cnt
+	var e gpu.Event
+	for {
+		ends, ok := d.next(&e)
+		if !ok {
+			break
+		}
+		t.apply(&e, ends)
+		if e.Action == gpu.ActionAlloc {
+			n.allocs++
+			n.allocBytes += int64(e.BlockSize)
+		} else if endsAllocation(&e, ends) {
+			n.frees++
+			n.freeBytes += int64(e.BlockSize)
+		}
+		if !fn(&e, ends, t, n) {
+			return nil
+		}
+	}
+	if d.err != nil {
+		return fmt.Errorf("chunk at seq %d: %w", c.firstSeq, d.err)
+	}
+	return nil
+}
+
+// stateAt is the state after the last event with time <= t (inclusive) or
+// time < t (!inclusive): its seq (-1 if none), totals and allocation counts.
+func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot totals, cnt allocCounts, err error) {
+	op := "<"
+	if inclusive {
+		op = "<="
+	}
+	c, err := r.oneChunk("first_us "+op+" ? ORDER BY first_us DESC, first_seq DESC LIMIT 1", t)
+	if err != nil {
+		return 0, tot, cnt, err
+	}
+	if c == nil {
+		tot, cnt, err := r.initial()
+		return -1, tot, cnt, err
+	}
+	seq = c.firstSeq - 1
+	tot, cnt = c.before, c.cnt
+	err = c.walk(func(e *gpu.Event, _ bool, at totals, n allocCounts) bool {
+		if e.TimeUS > t || !inclusive && e.TimeUS == t {
+			return false
+		}
+		seq, tot, cnt = e.Seq, at, n
+		return true
+	})
+	return seq, tot, cnt, err
+}
+
+// initial is the state before the first event.
+func (r *reader) initial() (totals, allocCounts, error) {
+	c, err := r.oneChunk("1 ORDER BY first_seq LIMIT 1")
+	if err != nil || c != nil {
+		if c == nil {
+			return totals{}, allocCounts{}, err
+		}
+		return c.before, c.cnt, err
+	}
+	l, err := r.checkpoint(initialSeq)
+	if err != nil {
+		return totals{}, allocCounts{}, err
+	}
+	f := l.Figures()
+	var cnt allocCounts
+	for i := range l.Segments {
+		for _, b := range l.Segments[i].Blocks {
+			if b.State == gpu.BlockAllocated {
+				cnt.allocs++
+				cnt.allocBytes += int64(b.Size)
+			}
+		}
+	}
+	return totals{f.Reserved, f.Allocated, f.Active}, cnt, nil
+}
+
+func (r *reader) checkpoint(seq int64) (*gpu.Layout, error) {
+	var data []byte
+	if err := r.tx.QueryRow("SELECT data FROM checkpoints WHERE tid = ? AND seq = ?", r.tid, seq).Scan(&data); err != nil {
+		return nil, err
+	}
+	return decodeLayout(data, r.trace.Rules)
+}
+
+// events calls fn for the events with from <= seq < to, in order.
+func (r *reader) events(from, to int64, fn func(e *gpu.Event) bool) error {
+	start := from
+	var first sql.NullInt64
+	if err := r.tx.QueryRow("SELECT max(first_seq) FROM chunks WHERE tid = ? AND first_seq <= ?", r.tid, from).Scan(&first); err != nil {
+		return err
+	}
+	if first.Valid {
+		start = first.Int64
+	}
+	rows, err := r.tx.Query("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq >= ? AND first_seq < ? ORDER BY first_seq", r.tid, start, to)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		c, err := scanChunk(rows)
+		if err != nil {
+			return err
+		}
+		more := true
+		err = c.walk(func(e *gpu.Event, _ bool, _ totals, _ allocCounts) bool {
+			if e.Seq >= to {
+				more = false
+				return false
+			}
+			if e.Seq >= from {
+				more = fn(e)
+			}
+			return more
+		})
+		if err != nil || !more {
+			return err
+		}
+	}
+	return rows.Err()
+}
+
+// Events returns the events with from <= Seq < to. BlockSize is filled in
+// for alloc and free_* events, and times never decrease.
+func (db *DB) Events(id string, from, to int64) ([]gpu.Event, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	var out []gpu.Event
+	err = r.events(from, to, func(e *gpu.Event) bool { out = append(out, *e); return true })
+	return out, err
+}
+
+// Stack returns an interned stack of a trace.
+func (db *DB) Stack(id string, sid gpu.StackID) (gpu.Stack, error) {
+	var frames string
+	err := db.r.QueryRow("SELECT s.frames FROM stacks s JOIN traces t ON t.tid = s.tid WHERE t.id = ? AND s.sid = ?", id, int64(sid)).Scan(&frames)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, fmt.Errorf("trace %q stack %d: %w", id, sid, ErrNotFound)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var s gpu.Stack
+	return s, json.Unmarshal([]byte(frames), &s)
+}
+
+// LayoutAtSeq returns the layout after every event with Seq <= seq, and the
+// seq of the last of them (-1 when there is none).
+func (db *DB) LayoutAtSeq(id string, seq int64) (*gpu.Layout, int64, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer r.close()
+	return r.layoutAtSeq(seq)
+}
+
+func (r *reader) layoutAtSeq(seq int64) (*gpu.Layout, int64, error) {
+	var ck int64
+	var data []byte
+	if err := r.tx.QueryRow("SELECT seq, data FROM checkpoints WHERE tid = ? AND seq <= ? ORDER BY seq DESC LIMIT 1", r.tid, seq).Scan(&ck, &data); err != nil {
+		return nil, 0, fmt.Errorf("trace %s: layout checkpoint: %w", r.trace.ID, err)
+	}
+	l, err := decodeLayout(data, r.trace.Rules)
+	if err != nil {
+		return nil, 0, fmt.Errorf("trace %s: checkpoint %d: %w", r.trace.ID, ck, err)
+	}
+	last := ck
+	if ck == initialSeq {
+		last = -1
+	}
+	var applyErr error
+	err = r.events(ck+1, seq+1, func(e *gpu.Event) bool {
+		applyErr = l.Apply(*e)
+		last = e.Seq
+		return applyErr == nil
+	})
+	if err == nil {
+		err = applyErr
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("trace %s: layout at seq %d: %w", r.trace.ID, seq, err)
+	}
+	return l, last, nil
+}
+
+// LayoutAt returns the layout after every event with TimeUS <= t, and the
+// seq of the last of them (-1 when there is none).
+func (db *DB) LayoutAt(id string, t int64) (*gpu.Layout, int64, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer r.close()
+	seq, _, _, err := r.stateAt(t, true)
+	if err != nil {
+		return nil, 0, err
+	}
+	if seq < 0 {
+		l, err := r.checkpoint(initialSeq)
+		return l, -1, err
+	}
+	return r.layoutAtSeq(seq)
+}
+
+// Range is the least and greatest value in a bucket.
+type Range struct {
+	Min uint64 `json:"min"`
+	Max uint64 `json:"max"`
+}
+
+// UsageBucket covers [StartUS, StartUS+Usage.BucketUS): the least and
+// greatest totals in effect in it, that is, entering it and after each of its
+// events.
+type UsageBucket struct {
+	StartUS   int64 `json:"start_us"`
+	Events    int64 `json:"events"`
+	Reserved  Range `json:"reserved"`
+	Allocated Range `json:"allocated"`
+	Active    Range `json:"active"`
+}
+
+// Usage is a usage timeline at one resolution.
+type Usage struct {
+	BucketUS int64         `json:"bucket_us"`
+	Buckets  []UsageBucket `json:"buckets"`
+}
+
+// Usage summarizes reserved, allocated and active bytes over [t0, t1] in at
+// most n buckets. The bucket width is the smallest power of two that covers
+// the window in n buckets, and buckets start at multiples of it, so results
+// for nearby windows line up and can be cached.
+func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
+	if n < 1 || t1 < t0 {
+		return Usage{}, fmt.Errorf("store: usage needs t0 <= t1 and n >= 1 (got [%d, %d], n=%d)", t0, t1, n)
+	}
+	t0, t1 = max(t0, -1<<60), min(t1, 1<<60)
+	r, err := db.begin(id)
+	if err != nil {
+		return Usage{}, err
+	}
+	defer r.close()
+
+	k := 0
+	for k < numLevels-1 && (t1>>k)-(t0>>k)+1 > int64(n) {
+		k++
+	}
+	b0, b1 := t0>>k, t1>>k
+	nb := int(b1 - b0 + 1)
+	startUS, endUS := b0<<k, (b1+1)<<k-1
+	aggs := make([]levelAcc, nb)
+	stored := make([]bool, nb)
+
+	rows, err := r.tx.Query(`SELECT b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last
+		FROM usage_levels WHERE tid = ? AND k = ? AND b BETWEEN ? AND ?`, r.tid, k, b0, b1)
+	if err != nil {
+		return Usage{}, err
+	}
+	for rows.Next() {
+		var a levelAcc
+		var v [9]int64
+		if err := rows.Scan(&a.b, &a.n, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]); err != nil {
+			rows.Close()
+			return Usage{}, err
+		}
+		a.valid = true
+		a.min = totals{uint64(v[0]), uint64(v[3]), uint64(v[6])}
+		a.max = totals{uint64(v[1]), uint64(v[4]), uint64(v[7])}
+		a.last = totals{uint64(v[2]), uint64(v[5]), uint64(v[8])}
+		aggs[a.b-b0] = a
+		stored[a.b-b0] = true
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return Usage{}, err
+	}
+
+	// Decode the events of buckets without a row: the chunks overlapping
+	// the window whose buckets are not all stored.
+	var decode []int64
+	crow, err := r.tx.Query("SELECT rowid, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? ORDER BY last_us, first_us", r.tid, startUS)
+	if err != nil {
+		return Usage{}, err
+	}
+	for crow.Next() {
+		var rowid, f, l int64
+		if err := crow.Scan(&rowid, &f, &l); err != nil {
+			crow.Close()
+			return Usage{}, err
+		}
+		if f > endUS {
+			break
+		}
+		for b := max(f, startUS)>>k - b0; b <= min(l, endUS)>>k-b0; b++ {
+			if !stored[b] {
+				decode = append(decode, rowid)
+				break
+			}
+		}
+	}
+	crow.Close()
+	if err := crow.Err(); err != nil {
+		return Usage{}, err
+	}
+	for _, rowid := range decode {
+		c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE rowid = ?", rowid))
+		if err != nil {
+			return Usage{}, err
+		}
+		err = c.walk(func(e *gpu.Event, _ bool, v totals, _ allocCounts) bool {
+			if e.TimeUS < startUS {
+				return true
+			}
+			if e.TimeUS > endUS {
+				return false
+			}
+			i := e.TimeUS>>k - b0
+			if stored[i] {
+				return true
+			}
+			a := &aggs[i]
+			if !a.valid {
+				*a = levelAcc{valid: true, b: e.TimeUS >> k, n: 1, min: v, max: v, last: v}
+			} else {
+				a.n++
+				a.min, a.max, a.last = minTotals(a.min, v), maxTotals(a.max, v), v
+			}
+			return true
+		})
+		if err != nil {
+			return Usage{}, err
+		}
+	}
+
+	_, carry, _, err := r.stateAt(startUS, false)
+	if err != nil {
+		return Usage{}, err
+	}
+	out := Usage{BucketUS: 1 << k, Buckets: make([]UsageBucket, nb)}
+	for i := range aggs {
+		a := &aggs[i]
+		lo, hi := carry, carry
+		if a.valid {
+			lo, hi = minTotals(lo, a.min), maxTotals(hi, a.max)
+			carry = a.last
+		}
+		out.Buckets[i] = UsageBucket{StartUS: (b0 + int64(i)) << k, Events: a.n,
+			Reserved:  Range{lo.reserved, hi.reserved},
+			Allocated: Range{lo.allocated, hi.allocated},
+			Active:    Range{lo.active, hi.active}}
+	}
+	return out, nil
+}
+
+// Allocation is one allocation's interval: from its alloc event to the event
+// that ended it (free_requested, or free_completed when none came first).
+type Allocation struct {
+	Seq       int64       `json:"seq"`      // the alloc event; -1: allocated before the trace
+	FreeSeq   int64       `json:"free_seq"` // -1: still allocated
+	Addr      uint64      `json:"address"`
+	Size      uint64      `json:"size"` // the block's size
+	Requested uint64      `json:"requested_size"`
+	Stream    int64       `json:"stream"`
+	AllocUS   int64       `json:"alloc_us"` // BeforeTraceUS when Seq is -1
+	FreeUS    int64       `json:"free_us"`  // NeverFreedUS while allocated
+	Stack     gpu.StackID `json:"stack,omitempty"`
+}
+
+func (a *allocRec) allocation() Allocation {
+	return Allocation{Seq: a.allocSeq, FreeSeq: a.freeSeq, Addr: a.addr, Size: a.size, Requested: a.requested,
+		Stream: a.stream, AllocUS: a.allocUS, FreeUS: a.freeUS, Stack: a.stack}
+}
+
+// Allocations is the answer to a window query.
+type Allocations struct {
+	Allocations []Allocation `json:"allocations"`
+	// Total and TotalBytes count every allocation alive in the window;
+	// Omitted and OmittedBytes those left out (too small or past the limit).
+	Total        int64  `json:"total"`
+	TotalBytes   uint64 `json:"total_bytes"`
+	Omitted      int64  `json:"omitted"`
+	OmittedBytes uint64 `json:"omitted_bytes"`
+}
+
+// Allocations returns the allocations alive at some time in [t0, t1]
+// (allocated at or before t1, not freed at or before t0) of at least minBytes,
+// largest first (then by seq and address), at most limit of them (0: no
+// limit).
+func (db *DB) Allocations(id string, t0, t1 int64, minBytes uint64, limit int) (Allocations, error) {
+	var out Allocations
+	if t1 < t0 {
+		return out, fmt.Errorf("store: allocations need t0 <= t1 (got [%d, %d])", t0, t1)
+	}
+	t0, t1 = max(t0, -1<<60), min(t1, 1<<60)
+	r, err := db.begin(id)
+	if err != nil {
+		return out, err
+	}
+	defer r.close()
+
+	// How many are alive in the window: begun by t1, minus ended by t0.
+	_, _, after1, err := r.stateAt(t1, true)
+	if err != nil {
+		return out, err
+	}
+	_, _, after0, err := r.stateAt(t0, true)
+	if err != nil {
+		return out, err
+	}
+	out.Total = after1.allocs - after0.frees
+	out.TotalBytes = uint64(after1.allocBytes - after0.freeBytes)
+
+	alive := func(a *allocRec) bool { return a.allocUS <= t1 && a.freeUS > t0 && a.size >= minBytes }
+	bySize := map[int][]allocRec{} // the live allocations that qualify, by size class
+	openRecs, err := r.openAllocs()
+	if err != nil {
+		return out, err
+	}
+	for _, a := range openRecs {
+		if alive(&a) {
+			c := sizeClass(a.size)
+			bySize[c] = append(bySize[c], a)
+		}
+	}
+	classes := map[int][]int{}
+	rows, err := r.tx.Query("SELECT sclass, dclass FROM alloc_classes WHERE tid = ? AND sclass >= ?", r.tid, sizeClass(minBytes))
+	if err != nil {
+		return out, err
+	}
+	for rows.Next() {
+		var s, d int
+		if err := rows.Scan(&s, &d); err != nil {
+			rows.Close()
+			return out, err
+		}
+		classes[s] = append(classes[s], d)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return out, err
+	}
+	var order []int
+	for s := range classes {
+		order = append(order, s)
+	}
+	for s := range bySize {
+		if classes[s] == nil {
+			order = append(order, s)
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(order)))
+
+	var found []allocRec
+	for _, s := range order {
+		if limit > 0 && len(found) >= limit {
+			break
+		}
+		found = append(found, bySize[s]...)
+		for _, d := range classes[s] {
+			err := r.binScan(s, d, t0, t1, func(a *allocRec) {
+				if alive(a) {
+					found = append(found, *a)
+				}
+			})
+			if err != nil {
+				return out, err
+			}
+		}
+	}
+	sort.Slice(found, func(i, j int) bool {
+		if found[i].size != found[j].size {
+			return found[i].size > found[j].size
+		}
+		if found[i].allocSeq != found[j].allocSeq {
+			return found[i].allocSeq < found[j].allocSeq
+		}
+		return found[i].addr < found[j].addr
+	})
+	if limit > 0 && len(found) > limit {
+		found = found[:limit]
+	}
+	out.Allocations = make([]Allocation, len(found))
+	var bytes uint64
+	for i := range found {
+		out.Allocations[i] = found[i].allocation()
+		bytes += found[i].size
+	}
+	out.Omitted = out.Total - int64(len(found))
+	out.OmittedBytes = out.TotalBytes - bytes
+	return out, nil
+}
+
+// binScan calls fn for the records of bin (s, d) that may be alive in
+// [t0, t1]: rows whose frees fall in (t0, t1 + 2^d).
+func (r *reader) binScan(s, d int, t0, t1 int64, fn func(a *allocRec)) error {
+	hi := t1 + 1<<min(d, 61)
+	rows, err := r.tx.Query("SELECT min_free, max_free, data FROM alloc_bins WHERE tid = ? AND sclass = ? AND dclass = ? AND min_free < ? ORDER BY min_free DESC, first_seq DESC",
+		r.tid, s, d, hi)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var minFree, maxFree int64
+		var data []byte
+		if err := rows.Scan(&minFree, &maxFree, &data); err != nil {
+			return err
+		}
+		if maxFree <= t0 {
+			break // rows are in free order: every earlier one ended by t0
+		}
+		dec := &decoder{buf: data}
+		prev := allocRec{freeUS: minFree}
+		for {
+			a, ok := dec.allocRec(&prev)
+			if !ok {
+				break
+			}
+			fn(&a)
+		}
+		if dec.err != nil {
+			return fmt.Errorf("trace %s: allocation bin (%d, %d): %w", r.trace.ID, s, d, dec.err)
+		}
+	}
+	return rows.Err()
+}
+
+func (r *reader) openAllocs() ([]allocRec, error) {
+	var data []byte
+	if err := r.tx.QueryRow("SELECT data FROM alloc_open WHERE tid = ?", r.tid).Scan(&data); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return nil, err
+	}
+	return decodeAllocs(data)
+}
+
+func decodeAllocs(data []byte) ([]allocRec, error) {
+	var out []allocRec
+	dec := &decoder{buf: data}
+	var prev allocRec
+	for {
+		a, ok := dec.allocRec(&prev)
+		if !ok {
+			break
+		}
+		out = append(out, a)
+	}
+	return out, dec.err
+}
+
+// Allocation returns the allocation made by the alloc event seq, and its
+// stack (nil when none was recorded).
+func (db *DB) Allocation(id string, seq int64) (Allocation, gpu.Stack, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return Allocation{}, nil, err
+	}
+	var ev *gpu.Event
+	err = r.events(seq, seq+1, func(e *gpu.Event) bool { c := *e; ev = &c; return false })
+	if err == nil && (ev == nil || ev.Action != gpu.ActionAlloc) {
+		err = fmt.Errorf("trace %s: no alloc event %d: %w", id, seq, ErrNotFound)
+	}
+	var found *allocRec
+	if err == nil {
+		found, err = r.findAllocation(ev)
+	}
+	r.close()
+	if err != nil {
+		return Allocation{}, nil, err
+	}
+	a := found.allocation()
+	if a.Stack == 0 {
+		return a, nil, nil
+	}
+	st, err := db.Stack(id, a.Stack)
+	return a, st, err
+}
+
+func (r *reader) findAllocation(ev *gpu.Event) (*allocRec, error) {
+	open, err := r.openAllocs()
+	if err != nil {
+		return nil, err
+	}
+	for i := range open {
+		if open[i].allocSeq == ev.Seq {
+			return &open[i], nil
+		}
+	}
+	s := sizeClass(ev.BlockSize)
+	rows, err := r.tx.Query("SELECT dclass FROM alloc_classes WHERE tid = ? AND sclass = ?", r.tid, s)
+	if err != nil {
+		return nil, err
+	}
+	var ds []int
+	for rows.Next() {
+		var d int
+		if err := rows.Scan(&d); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		ds = append(ds, d)
+	}
+	rows.Close()
+	var found *allocRec
+	for _, d := range ds {
+		err := r.binScan(s, d, ev.TimeUS-1, ev.TimeUS, func(a *allocRec) {
+			if a.allocSeq == ev.Seq {
+				c := *a
+				found = &c
+			}
+		})
+		if err != nil || found != nil {
+			return found, err
+		}
+	}
+	return nil, fmt.Errorf("trace %s: allocation %d is not stored (its writer stopped before committing it): %w", r.trace.ID, ev.Seq, ErrNotFound)
+}

@@ -1,0 +1,722 @@
+package store
+
+import (
+	"crypto/rand"
+	"database/sql"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"sort"
+	"sync"
+	"time"
+
+	"vramscope/gpu"
+)
+
+// Source says where a trace came from.
+type Source string
+
+const (
+	SourceTrace    Source = "trace"
+	SourceSnapshot Source = "snapshot"
+	SourceLive     Source = "live"
+	SourceReplay   Source = "replay"
+)
+
+// Status is a trace's state: live while a Writer appends to it, complete or
+// failed once closed, incomplete when its writer went away without closing.
+type Status string
+
+const (
+	StatusLive       Status = "live"
+	StatusComplete   Status = "complete"
+	StatusIncomplete Status = "incomplete"
+	StatusFailed     Status = "failed"
+)
+
+// TraceMeta is what the creator of a trace says about it.
+type TraceMeta struct {
+	Name          string `json:"name"`
+	Source        Source `json:"source"`
+	DeviceOrdinal int    `json:"device_ordinal"`
+	DeviceName    string `json:"device_name"`
+	Capacity      uint64 `json:"capacity_bytes"`
+	Settings      string `json:"allocator_settings"` // PYTORCH_CUDA_ALLOC_CONF style
+}
+
+// Trace is a stored trace: its metadata and what the store counted.
+type Trace struct {
+	ID string `json:"id"`
+	TraceMeta
+	Status        Status    `json:"status"`
+	Events        int64     `json:"events"`
+	FirstSeq      int64     `json:"first_seq"` // -1 when there are no events
+	LastSeq       int64     `json:"last_seq"`
+	FirstUS       int64     `json:"first_us"`
+	LastUS        int64     `json:"last_us"`
+	PeakReserved  uint64    `json:"peak_reserved_bytes"`
+	PeakAllocated uint64    `json:"peak_allocated_bytes"`
+	PeakActive    uint64    `json:"peak_active_bytes"`
+	OOMs          int64     `json:"oom_count"`
+	Created       time.Time `json:"created"`
+	Rules         gpu.Rules `json:"-"`
+}
+
+const (
+	// flushEvents: a commit every this many events bounds what a crash
+	// loses and what one transaction holds.
+	flushEvents = 1 << 16
+	// flushDelay: how long an event may wait for its commit, so live
+	// viewers and crash recovery see slow streams too.
+	flushDelay = 200 * time.Millisecond
+	// checkpointEvery: a layout checkpoint every this many events; LayoutAt
+	// decodes one and applies at most this many events.
+	checkpointEvery = 8192
+	// levelMinEvents: usage buckets with fewer events are not stored (their
+	// events are decoded instead), which keeps the pyramid to a few percent
+	// of the events however sparse or dense the trace is in time.
+	levelMinEvents = 64
+	numLevels      = 63
+	// binSize: allocation records per alloc_bins row.
+	binSize = 128
+
+	// initialSeq keys the checkpoint of the layout before the first event.
+	initialSeq = -1 << 62
+	// beforeUS is the allocation time of blocks live before the trace began.
+	beforeUS = -1 << 61
+)
+
+// BeforeTraceUS is Allocation.AllocUS for blocks allocated before the trace
+// began (their Seq is -1).
+const BeforeTraceUS int64 = beforeUS
+
+// NeverFreedUS is Allocation.FreeUS for allocations still live.
+const NeverFreedUS int64 = 1<<63 - 1
+
+// allocCounts are running counts of allocation intervals begun and ended.
+type allocCounts struct {
+	allocs, allocBytes, frees, freeBytes int64
+}
+
+// chunkBuilder holds the chunk being filled.
+type chunkBuilder struct {
+	n         int
+	firstSeq  int64
+	firstUS   int64
+	lastSeq   int64
+	lastUS    int64
+	before    totals
+	beforeCnt allocCounts
+	st        encState
+	buf       []byte
+}
+
+type chunkRow struct {
+	firstSeq, lastSeq, firstUS, lastUS int64
+	n                                  int
+	before                             totals
+	beforeCnt                          allocCounts
+	data                               []byte
+}
+
+func (c *chunkBuilder) row(copyData bool) chunkRow {
+	data := c.buf
+	if copyData {
+		data = append([]byte(nil), c.buf...)
+	}
+	return chunkRow{c.firstSeq, c.lastSeq, c.firstUS, c.lastUS, c.n, c.before, c.beforeCnt, data}
+}
+
+// bin is the open (last) row of one alloc_bins bin.
+type bin struct {
+	sclass, dclass int
+	n              int
+	minFree        int64
+	firstSeq       int64
+	maxFree        int64
+	prev           allocRec
+	buf            []byte
+	dirty          bool
+}
+
+type binRow struct {
+	sclass, dclass             int
+	minFree, firstSeq, maxFree int64
+	n                          int
+	data                       []byte
+}
+
+func (b *bin) row(copyData bool) binRow {
+	data := b.buf
+	if copyData {
+		data = append([]byte(nil), b.buf...)
+	}
+	return binRow{b.sclass, b.dclass, b.minFree, b.firstSeq, b.maxFree, b.n, data}
+}
+
+type binKey struct{ s, d int }
+
+type checkpointRow struct {
+	seq  int64
+	data []byte
+}
+
+type stackRow struct {
+	id     gpu.StackID
+	frames string
+}
+
+// pending is everything not yet handed to the writer goroutine.
+type pending struct {
+	stacks      []stackRow
+	chunks      []chunkRow
+	levels      []levelRow
+	checkpoints []checkpointRow
+	bins        []binRow
+	classes     []binKey
+	events      int
+}
+
+// Writer appends one trace's events. It is safe for concurrent use; Emit does
+// the per-event work (layout, encoding, summaries) in the caller's goroutine
+// and hands finished rows to the database's writer goroutine, so producing
+// and storing overlap.
+type Writer struct {
+	db  *DB
+	tid int64
+	id  string
+
+	mu      sync.Mutex
+	closed  bool
+	layout  *gpu.Layout
+	tot     totals
+	cnt     allocCounts
+	n       int64 // events written
+	first   int64
+	firstUS int64
+	lastSeq int64
+	lastUS  int64
+	peak    totals
+	ooms    int64
+	chunk   chunkBuilder
+	pyr     pyramid
+	open    map[uint64]allocRec
+	bins    map[binKey]*bin
+	dirty   []*bin
+	stacks  map[string]gpu.StackID
+	pend    pending
+	timer   *time.Timer
+
+	errMu sync.Mutex
+	err   error
+}
+
+func newTraceID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return base64.RawURLEncoding.EncodeToString(b[:])
+}
+
+// CreateTrace starts a live trace whose layout before the first event is
+// initial (nil: empty under PyTorch's default rules).
+func (db *DB) CreateTrace(meta TraceMeta, initial *gpu.Layout) (*Writer, error) {
+	if initial == nil {
+		initial = gpu.NewLayout(gpu.DefaultRules())
+	}
+	switch meta.Source {
+	case SourceTrace, SourceSnapshot, SourceLive, SourceReplay:
+	default:
+		return nil, fmt.Errorf("store: unknown trace source %q", meta.Source)
+	}
+	rules, err := json.Marshal(initial.Rules)
+	if err != nil {
+		return nil, err
+	}
+	w := newWriter(db, initial.Clone())
+	w.id = newTraceID()
+	f := w.layout.Figures()
+	w.tot = totals{f.Reserved, f.Allocated, f.Active}
+	w.peak = w.tot
+	for i := range w.layout.Segments {
+		for _, b := range w.layout.Segments[i].Blocks {
+			if b.State == gpu.BlockAllocated {
+				w.open[b.Addr] = allocRec{addr: b.Addr, size: b.Size, requested: b.Requested, stream: w.layout.Segments[i].Stream,
+					allocUS: beforeUS, freeUS: NeverFreedUS, allocSeq: b.Seq, freeSeq: -1, stack: b.Stack}
+				w.cnt.allocs++
+				w.cnt.allocBytes += int64(b.Size)
+			}
+		}
+	}
+	ck := appendLayout(nil, w.layout)
+	openBlob := w.openBlob()
+	err = db.write(func(tx *sql.Tx) error {
+		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
+			peak_reserved, peak_allocated, peak_active) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
+			string(StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.reserved), int64(w.peak.allocated), int64(w.peak.active))
+		if err != nil {
+			return err
+		}
+		if w.tid, err = res.LastInsertId(); err != nil {
+			return err
+		}
+		if _, err := tx.Exec("INSERT INTO checkpoints (tid, seq, data) VALUES (?,?,?)", w.tid, int64(initialSeq), ck); err != nil {
+			return err
+		}
+		_, err = tx.Exec("INSERT INTO alloc_open (tid, data) VALUES (?,?)", w.tid, openBlob)
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: create trace: %w", err)
+	}
+	w.register()
+	return w, nil
+}
+
+func newWriter(db *DB, l *gpu.Layout) *Writer {
+	return &Writer{db: db, layout: l, first: -1, lastSeq: -1,
+		open: map[uint64]allocRec{}, bins: map[binKey]*bin{}, stacks: map[string]gpu.StackID{}}
+}
+
+func (w *Writer) register() {
+	liveMu.Lock()
+	liveTraces[liveKey(w.db.path, w.tid)] = true
+	liveMu.Unlock()
+}
+
+func (w *Writer) unregister() {
+	liveMu.Lock()
+	delete(liveTraces, liveKey(w.db.path, w.tid))
+	liveMu.Unlock()
+}
+
+// ID is the trace's public id.
+func (w *Writer) ID() string { return w.id }
+
+// Err returns the first error met while storing, if any. After an error,
+// Emit drops events; Close reports it.
+func (w *Writer) Err() error {
+	w.errMu.Lock()
+	defer w.errMu.Unlock()
+	return w.err
+}
+
+func (w *Writer) fail(err error) {
+	w.errMu.Lock()
+	if w.err == nil {
+		w.err = fmt.Errorf("store: trace %s: %w", w.id, err)
+	}
+	w.errMu.Unlock()
+}
+
+// Stack interns s and returns its id, the same for equal stacks.
+func (w *Writer) Stack(s gpu.Stack) gpu.StackID {
+	if len(s) == 0 {
+		return 0
+	}
+	b, _ := json.Marshal(s)
+	key := string(b)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if id, ok := w.stacks[key]; ok {
+		return id
+	}
+	id := gpu.StackID(len(w.stacks) + 1)
+	w.stacks[key] = id
+	w.pend.stacks = append(w.pend.stacks, stackRow{id, key})
+	return id
+}
+
+// Emit stores a batch of events (gpu.Sink); the batch is not kept.
+func (w *Writer) Emit(batch []gpu.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.Err() != nil {
+		return
+	}
+	for i := range batch {
+		if err := w.add(batch[i]); err != nil {
+			w.fail(err)
+			return
+		}
+	}
+	w.pend.events += len(batch)
+	if w.pend.events >= flushEvents {
+		w.commit(false)
+	} else if w.timer == nil && w.pend.events > 0 {
+		w.timer = time.AfterFunc(flushDelay, func() {
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			w.timer = nil
+			if !w.closed && w.Err() == nil {
+				w.commit(false)
+			}
+		})
+	}
+}
+
+// add takes one event through the layout, the totals and every summary.
+func (w *Writer) add(e gpu.Event) error {
+	if w.n > 0 {
+		if e.Seq <= w.lastSeq {
+			return fmt.Errorf("event %d: sequence numbers must increase (previous %d)", e.Seq, w.lastSeq)
+		}
+		// Times that run backwards are stored at the previous time, so
+		// time order and sequence order agree.
+		e.TimeUS = max(e.TimeUS, w.lastUS)
+	}
+	if w.chunk.n == 0 {
+		w.chunk = chunkBuilder{firstSeq: e.Seq, firstUS: e.TimeUS, before: w.tot, beforeCnt: w.cnt,
+			st: encState{seq: e.Seq - 1, us: e.TimeUS}, buf: w.chunk.buf[:0]}
+	}
+	var blockSize uint64
+	ends := false
+	if e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted {
+		if b := w.layout.BlockAt(e.Addr); b != nil && b.Addr == e.Addr {
+			blockSize = b.Size
+			ends = e.Action == gpu.ActionFreeCompleted && b.State == gpu.BlockAllocated
+		}
+	}
+	if err := w.layout.Apply(e); err != nil {
+		return err
+	}
+	if e.Action == gpu.ActionAlloc {
+		blockSize = w.layout.BlockAt(e.Addr).Size
+	}
+	if hasBlock(e.Action) {
+		if e.BlockSize != 0 && e.BlockSize != blockSize {
+			return fmt.Errorf("event %d (%s at %#x): block size %d, but the layout's block has %d bytes", e.Seq, e.Action, e.Addr, e.BlockSize, blockSize)
+		}
+		e.BlockSize = blockSize
+	}
+	w.tot.apply(&e, ends)
+	w.peak = totals{max(w.peak.reserved, w.tot.reserved), max(w.peak.allocated, w.tot.allocated), max(w.peak.active, w.tot.active)}
+	if e.Action == gpu.ActionOOM {
+		w.ooms++
+	}
+	if e.Action == gpu.ActionAlloc {
+		w.open[e.Addr] = allocRec{addr: e.Addr, size: blockSize, requested: e.Size, stream: e.Stream,
+			allocUS: e.TimeUS, freeUS: NeverFreedUS, allocSeq: e.Seq, freeSeq: -1, stack: e.Stack}
+		w.cnt.allocs++
+		w.cnt.allocBytes += int64(blockSize)
+	} else if endsAllocation(&e, ends) {
+		r, ok := w.open[e.Addr]
+		if ok {
+			delete(w.open, e.Addr)
+			r.freeUS, r.freeSeq = e.TimeUS, e.Seq
+			w.finish(&r)
+		}
+		w.cnt.frees++
+		w.cnt.freeBytes += int64(blockSize)
+	}
+
+	c := &w.chunk
+	c.buf = appendEvent(c.buf, &c.st, &e, ends)
+	c.n++
+	c.lastSeq, c.lastUS = e.Seq, e.TimeUS
+	if c.n == chunkSize {
+		w.pend.chunks = append(w.pend.chunks, c.row(false))
+		*c = chunkBuilder{}
+	}
+	w.pyr.add(e.TimeUS, w.tot)
+	if w.n == 0 {
+		w.first, w.firstUS = e.Seq, e.TimeUS
+	}
+	w.n++
+	w.lastSeq, w.lastUS = e.Seq, e.TimeUS
+	if w.n%checkpointEvery == 0 {
+		w.pend.checkpoints = append(w.pend.checkpoints, checkpointRow{e.Seq, appendLayout(nil, w.layout)})
+	}
+	return nil
+}
+
+// finish files a finished allocation in its bin.
+func (w *Writer) finish(r *allocRec) {
+	k := binKey{sizeClass(r.size), durClass(r.freeUS - r.allocUS)}
+	b := w.bins[k]
+	if b == nil {
+		b = &bin{sclass: k.s, dclass: k.d}
+		w.bins[k] = b
+		w.pend.classes = append(w.pend.classes, k)
+	}
+	if b.n == 0 {
+		b.minFree, b.firstSeq = r.freeUS, r.freeSeq
+		b.prev = allocRec{freeUS: r.freeUS}
+	}
+	b.buf = appendAllocRec(b.buf, &b.prev, r)
+	b.n++
+	b.maxFree = r.freeUS
+	if b.n == binSize {
+		w.pend.bins = append(w.pend.bins, b.row(false))
+		*b = bin{sclass: k.s, dclass: k.d}
+		return
+	}
+	if !b.dirty {
+		b.dirty = true
+		w.dirty = append(w.dirty, b)
+	}
+}
+
+// openBlob encodes the live allocations in address order.
+func (w *Writer) openBlob() []byte {
+	recs := make([]allocRec, 0, len(w.open))
+	for _, r := range w.open {
+		recs = append(recs, r)
+	}
+	sort.Slice(recs, func(i, j int) bool { return recs[i].addr < recs[j].addr })
+	buf := []byte{}
+	var prev allocRec
+	for i := range recs {
+		buf = appendAllocRec(buf, &prev, &recs[i])
+	}
+	return buf
+}
+
+// batch is one commit's rows.
+type batch struct {
+	pending
+	partChunk *chunkRow
+	openBlob  []byte
+	trace     traceCounters
+	status    Status // set when closing
+}
+
+type traceCounters struct {
+	events, first, last, firstUS, lastUS int64
+	peak                                 totals
+	ooms                                 int64
+}
+
+// take moves the pending rows into a batch, with copies of the open chunk,
+// open bins and live allocations, so a commit holds everything up to now.
+func (w *Writer) take() *batch {
+	b := &batch{pending: w.pend}
+	w.pend = pending{}
+	if w.chunk.n > 0 {
+		r := w.chunk.row(true)
+		b.partChunk = &r
+	}
+	for _, bn := range w.dirty {
+		if bn.dirty && bn.n > 0 {
+			b.bins = append(b.bins, bn.row(true))
+		}
+		bn.dirty = false
+	}
+	w.dirty = w.dirty[:0]
+	b.levels = append(b.levels, w.pyr.take()...)
+	b.openBlob = w.openBlob()
+	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.ooms}
+	return b
+}
+
+// commit hands everything pending to the writer goroutine; sync waits.
+func (w *Writer) commit(sync bool) error {
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	b := w.take()
+	fn := func(tx *sql.Tx) error { return w.store(tx, b) }
+	if sync {
+		return w.db.write(fn)
+	}
+	return w.db.writeAsync(fn, w.fail)
+}
+
+// Flush commits every event emitted so far and waits for it.
+func (w *Writer) Flush() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if err := w.Err(); err != nil {
+		return err
+	}
+	if w.closed {
+		return errors.New("store: flush of a closed writer")
+	}
+	if err := w.commit(true); err != nil {
+		w.fail(err)
+	}
+	return w.Err()
+}
+
+// Close finishes the trace with status (complete or failed; live is not a
+// final status) and waits for it to be stored. An earlier error is returned
+// and the trace is then marked failed.
+func (w *Writer) Close(status Status) error {
+	if status != StatusComplete && status != StatusFailed && status != StatusIncomplete {
+		return fmt.Errorf("store: %q is not a final trace status", status)
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return errors.New("store: writer already closed")
+	}
+	w.closed = true
+	defer w.unregister()
+	if w.Err() != nil {
+		status = StatusFailed
+	}
+	if w.chunk.n > 0 {
+		w.pend.chunks = append(w.pend.chunks, w.chunk.row(false))
+		w.chunk = chunkBuilder{}
+	}
+	w.pyr.closeAll()
+	b := w.take()
+	b.status = status
+	if err := w.db.write(func(tx *sql.Tx) error { return w.store(tx, b) }); err != nil {
+		w.fail(err)
+	}
+	return w.Err()
+}
+
+// Abort removes the trace and everything stored for it.
+func (w *Writer) Abort() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
+	}
+	w.closed = true
+	defer w.unregister()
+	return w.db.write(func(tx *sql.Tx) error { return deleteTrace(tx, w.tid) })
+}
+
+var traceTables = []string{"stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open", "traces"}
+
+func deleteTrace(tx *sql.Tx, tid int64) error {
+	for _, t := range traceTables {
+		if _, err := tx.Exec("DELETE FROM "+t+" WHERE tid = ?", tid); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// store writes a batch; it runs on the writer goroutine.
+func (w *Writer) store(tx *sql.Tx, b *batch) error {
+	tid := w.tid
+	if len(b.stacks) > 0 {
+		st, err := tx.Prepare("INSERT INTO stacks (tid, sid, frames) VALUES (?,?,?)")
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for _, s := range b.stacks {
+			if _, err := st.Exec(tid, int64(s.id), s.frames); err != nil {
+				return err
+			}
+		}
+	}
+	chunks := b.chunks
+	if b.partChunk != nil {
+		chunks = append(chunks, *b.partChunk)
+	}
+	if len(chunks) > 0 {
+		st, err := tx.Prepare(`INSERT OR REPLACE INTO chunks (tid, first_seq, last_seq, first_us, last_us, n, reserved0, allocated0, active0,
+			allocs0, alloc_bytes0, frees0, free_bytes0, data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for _, c := range chunks {
+			if _, err := st.Exec(tid, c.firstSeq, c.lastSeq, c.firstUS, c.lastUS, c.n,
+				int64(c.before.reserved), int64(c.before.allocated), int64(c.before.active),
+				c.beforeCnt.allocs, c.beforeCnt.allocBytes, c.beforeCnt.frees, c.beforeCnt.freeBytes, c.data); err != nil {
+				return err
+			}
+		}
+	}
+	if len(b.levels) > 0 {
+		// Many small rows: insert them several to a statement.
+		const per = 50
+		var st *sql.Stmt
+		args := make([]any, 0, per*13)
+		for i := 0; i < len(b.levels); i += per {
+			rows := b.levels[i:min(i+per, len(b.levels))]
+			args = args[:0]
+			for _, r := range rows {
+				a := &r.acc
+				args = append(args, tid, r.k, a.b, a.n,
+					int64(a.min.reserved), int64(a.max.reserved), int64(a.last.reserved),
+					int64(a.min.allocated), int64(a.max.allocated), int64(a.last.allocated),
+					int64(a.min.active), int64(a.max.active), int64(a.last.active))
+			}
+			q := "INSERT OR REPLACE INTO usage_levels (tid, k, b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last) VALUES " +
+				placeholders(len(rows), 13)
+			if len(rows) == per {
+				if st == nil {
+					var err error
+					if st, err = tx.Prepare(q); err != nil {
+						return err
+					}
+					defer st.Close()
+				}
+				if _, err := st.Exec(args...); err != nil {
+					return err
+				}
+			} else if _, err := tx.Exec(q, args...); err != nil {
+				return err
+			}
+		}
+	}
+	for _, c := range b.checkpoints {
+		if _, err := tx.Exec("INSERT OR REPLACE INTO checkpoints (tid, seq, data) VALUES (?,?,?)", tid, c.seq, c.data); err != nil {
+			return err
+		}
+	}
+	for _, k := range b.classes {
+		if _, err := tx.Exec("INSERT OR IGNORE INTO alloc_classes (tid, sclass, dclass) VALUES (?,?,?)", tid, k.s, k.d); err != nil {
+			return err
+		}
+	}
+	if len(b.bins) > 0 {
+		st, err := tx.Prepare("INSERT OR REPLACE INTO alloc_bins (tid, sclass, dclass, min_free, first_seq, max_free, n, data) VALUES (?,?,?,?,?,?,?,?)")
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for _, r := range b.bins {
+			if _, err := st.Exec(tid, r.sclass, r.dclass, r.minFree, r.firstSeq, r.maxFree, r.n, r.data); err != nil {
+				return err
+			}
+		}
+	}
+	if _, err := tx.Exec("INSERT OR REPLACE INTO alloc_open (tid, data) VALUES (?,?)", tid, b.openBlob); err != nil {
+		return err
+	}
+	t := &b.trace
+	q := `UPDATE traces SET event_count = ?, first_seq = ?, last_seq = ?, first_us = ?, last_us = ?,
+		peak_reserved = ?, peak_allocated = ?, peak_active = ?, oom_count = ?`
+	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.reserved), int64(t.peak.allocated), int64(t.peak.active), t.ooms}
+	if b.status != "" {
+		q += ", status = ?"
+		args = append(args, string(b.status))
+	}
+	if _, err := tx.Exec(q+" WHERE tid = ?", append(args, tid)...); err != nil {
+		return err
+	}
+	return nil
+}
+
+func placeholders(rows, cols int) string {
+	one := make([]byte, 0, 2*cols+1)
+	one = append(one, '(')
+	for i := range cols {
+		if i > 0 {
+			one = append(one, ',')
+		}
+		one = append(one, '?')
+	}
+	one = append(one, ')')
+	out := make([]byte, 0, rows*(len(one)+1))
+	for i := range rows {
+		if i > 0 {
+			out = append(out, ',')
+		}
+		out = append(out, one...)
+	}
+	return string(out)
+}
