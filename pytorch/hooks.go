@@ -254,6 +254,9 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 // that is not one stays as it is, for the converter to report.
 func (d *decoder) internStack(v Value) Value {
 	o := v.obj
+	if o.conv.kind != kEmpty {
+		return o.conv // interned already, through another reference
+	}
 	if o.events != nil {
 		return v
 	}
