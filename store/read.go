@@ -96,6 +96,7 @@ func (db *DB) DeleteTrace(id string) error {
 // committed state, even while the writer commits.
 type reader struct {
 	tx    *sql.Tx
+	bins  *sql.Stmt // binScan's query, prepared once per reader
 	tid   int64
 	trace Trace
 }
@@ -113,7 +114,12 @@ func (db *DB) begin(id string) (*reader, error) {
 	return &reader{tx: tx, tid: tid, trace: t}, nil
 }
 
-func (r *reader) close() { r.tx.Rollback() }
+func (r *reader) close() {
+	if r.bins != nil {
+		r.bins.Close()
+	}
+	r.tx.Rollback()
+}
 
 // chunk is one stored chunk of events.
 type chunk struct {
@@ -647,8 +653,14 @@ func (db *DB) Allocations(id string, t0, t1 int64, minBytes uint64, limit int) (
 // [t0, t1]: rows whose frees fall in (t0, t1 + 2^d).
 func (r *reader) binScan(s, d int, t0, t1 int64, fn func(a *allocRec)) error {
 	hi := t1 + 1<<min(d, 61)
-	rows, err := r.tx.Query("SELECT min_free, max_free, data FROM alloc_bins WHERE tid = ? AND sclass = ? AND dclass = ? AND min_free < ? ORDER BY min_free DESC, first_seq DESC",
-		r.tid, s, d, hi)
+	if r.bins == nil {
+		st, err := r.tx.Prepare("SELECT min_free, max_free, data FROM alloc_bins WHERE tid = ? AND sclass = ? AND dclass = ? AND min_free < ? ORDER BY min_free DESC, first_seq DESC")
+		if err != nil {
+			return err
+		}
+		r.bins = st
+	}
+	rows, err := r.bins.Query(r.tid, s, d, hi)
 	if err != nil {
 		return err
 	}
