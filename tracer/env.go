@@ -1,0 +1,133 @@
+package tracer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+)
+
+// Stacks interns stacks into ids (the store's writer does).
+type Stacks interface {
+	Stack(gpu.Stack) gpu.StackID
+}
+
+// Clock is simulated time in microseconds: workloads advance it by what
+// their work would take, so traces are deterministic.
+type Clock struct{ US int64 }
+
+// Now returns the current time.
+func (c *Clock) Now() int64 { return c.US }
+
+// Advance moves time forward by us microseconds.
+func (c *Clock) Advance(us int64) { c.US += us }
+
+// Env is what a workload runs against.
+type Env struct {
+	Alloc *caching.Allocator
+	Clock *Clock
+	// Stacks interns the frames stamped on events; nil drops them.
+	Stacks Stacks
+	// Touch, when set, writes to allocated memory (a real GPU's memset), so
+	// the memory is really taken and touched.
+	Touch func(addr, size uint64) error
+	// Notes collects lines the workload wants in the final summary, and
+	// Metrics the figures behind them.
+	Notes   []string
+	Metrics map[string]float64
+
+	stackIDs map[string]gpu.StackID
+}
+
+// ErrStopped reports that a workload ended because an allocation failed.
+var ErrStopped = errors.New("workload stopped by an out-of-memory error")
+
+// stack interns frames given innermost first as name@file:line strings.
+func (e *Env) stack(frames ...gpu.Frame) gpu.StackID {
+	if e.Stacks == nil {
+		return 0
+	}
+	key := fmt.Sprint(frames)
+	if id, ok := e.stackIDs[key]; ok {
+		return id
+	}
+	if e.stackIDs == nil {
+		e.stackIDs = make(map[string]gpu.StackID)
+	}
+	id := e.Stacks.Stack(append(gpu.Stack(nil), frames...))
+	e.stackIDs[key] = id
+	return id
+}
+
+// malloc allocates size bytes on stream 0 under the given stack, touching
+// the memory when the device is real.
+func (e *Env) malloc(size uint64, stack gpu.StackID) (uint64, error) {
+	e.Clock.Advance(2)
+	p, err := e.Alloc.Malloc(size, 0, stack)
+	if err != nil {
+		return 0, err
+	}
+	if e.Touch != nil {
+		if err := e.Touch(p, size); err != nil {
+			return 0, err
+		}
+	}
+	return p, nil
+}
+
+func (e *Env) free(p uint64) error {
+	e.Clock.Advance(1)
+	return e.Alloc.Free(p)
+}
+
+func (e *Env) metric(name string, v float64) {
+	if e.Metrics == nil {
+		e.Metrics = make(map[string]float64)
+	}
+	e.Metrics[name] = v
+}
+
+// Workload is a named program of allocator calls.
+type Workload interface {
+	Run(ctx context.Context, env *Env) error
+}
+
+// WorkloadFunc adapts a function.
+type WorkloadFunc func(ctx context.Context, env *Env) error
+
+func (f WorkloadFunc) Run(ctx context.Context, env *Env) error { return f(ctx, env) }
+
+// Run runs w against env. An out-of-memory error ends the run the way it
+// ends a real job; it is returned (wrapping *caching.OutOfMemoryError) after
+// the events up to it have been flushed.
+func Run(ctx context.Context, w Workload, env *Env) error {
+	err := w.Run(ctx, env)
+	env.Alloc.Flush()
+	return err
+}
+
+// frame is shorthand for a synthetic Python frame.
+func frame(name, file string, line uint64) gpu.Frame {
+	return gpu.Frame{Name: name, Filename: file, Line: line}
+}
+
+// tensors is a named set of live allocations.
+type tensors map[string]uint64
+
+func (t tensors) freeAll(env *Env) error {
+	names := make([]string, 0, len(t))
+	for n := range t {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		if err := env.free(t[n]); err != nil {
+			return err
+		}
+		delete(t, n)
+	}
+	return nil
+}
