@@ -36,9 +36,9 @@ type Request struct {
 
 // OOM is a request the allocator refused.
 type OOM struct {
-	Index   int    `json:"index"` // position of the request in the stream (data row for RMM logs)
-	Size    uint64 `json:"size"`
-	Message string `json:"message"`
+	Index   int                       `json:"index"` // position of the request in the stream (data row for RMM logs)
+	Size    uint64                    `json:"size"`
+	Message string                    `json:"message"`
 	Err     *caching.OutOfMemoryError `json:"-"`
 }
 

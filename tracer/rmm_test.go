@@ -40,17 +40,17 @@ func TestReadRMM(t *testing.T) {
 
 func TestReadRMMErrors(t *testing.T) {
 	cases := map[string]string{
-		"":                                      "line 1: empty file",
-		"Thread,Time,Action\n":                  "line 1: header has 3 columns",
-		"Thread,When,Action,Pointer,Size,Stream\n": "line 1, field Time: header column 2",
-		header + "1,12:00:00.1,allocate,0x10,12x,0\n":   "line 2, field Size",
+		"":                     "line 1: empty file",
+		"Thread,Time,Action\n": "line 1: header has 3 columns",
+		"Thread,When,Action,Pointer,Size,Stream\n":                                "line 1, field Time: header column 2",
+		header + "1,12:00:00.1,allocate,0x10,12x,0\n":                             "line 2, field Size",
 		header + "1,12:00:00.1,allocate,0x10,12,0\n1,25:00:00.1,free,0x10,12,0\n": "line 3, field Time",
-		header + "1,12:00:00.1,alloc,0x10,12,0\n":       "line 2, field Action: unknown action \"alloc\"",
-		header + "1,12:00:00.1,allocate,7f00,12,0\n":    "line 2, field Pointer",
-		header + "1,12:00:00.1,allocate,0x10,12,zz\n":   "line 2, field Stream",
-		header + "1,12:00:00.1,allocate,0x10,12\n":      "line 2: 5 fields, want 6",
-		header + "1,12:00:00.1,allocate,(nil),12,0\n":   "line 2, field Pointer: allocate of a null pointer",
-		header + "1,\"12:00,allocate,0x10,12,0\n":       "line 2",
+		header + "1,12:00:00.1,alloc,0x10,12,0\n":                                 "line 2, field Action: unknown action \"alloc\"",
+		header + "1,12:00:00.1,allocate,7f00,12,0\n":                              "line 2, field Pointer",
+		header + "1,12:00:00.1,allocate,0x10,12,zz\n":                             "line 2, field Stream",
+		header + "1,12:00:00.1,allocate,0x10,12\n":                                "line 2: 5 fields, want 6",
+		header + "1,12:00:00.1,allocate,(nil),12,0\n":                             "line 2, field Pointer: allocate of a null pointer",
+		header + "1,\"12:00,allocate,0x10,12,0\n":                                 "line 2",
 	}
 	for in, want := range cases {
 		_, err := ReadRMM(strings.NewReader(in))

@@ -76,7 +76,9 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 		}
 		stepFrame := frame("train_step", trainFile, 90)
 		fwd := func(module string, line uint64) gpu.StackID { return st(module, "forward", line, stepFrame, mainFrame) }
-		bwd := func(module string, line uint64) gpu.StackID { return st(module, "backward", line, stepFrame, mainFrame) }
+		bwd := func(module string, line uint64) gpu.StackID {
+			return st(module, "backward", line, stepFrame, mainFrame)
+		}
 		var saved []tensors // per layer, freed in reverse in backward
 		x, err := env.malloc(B*S*H*D, fwd("model.embed", 3))
 		if err != nil {
