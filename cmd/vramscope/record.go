@@ -1,0 +1,160 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"sync/atomic"
+	"time"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/cuda"
+	"vramscope/gpu/sim"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// recording is one workload run written to the store.
+type recording struct {
+	Name     string
+	Workload tracer.Workload
+	Device   string // sim or cuda
+	Capacity uint64 // sim only
+	Conf     string
+	Source   store.Source
+}
+
+type recorded struct {
+	Trace store.Trace
+	OOMs  []*caching.OutOfMemoryError
+	Notes []string
+	Err   error // the run's own error, other than an OOM
+}
+
+// counter is a sink that forwards to the store and keeps running figures
+// for the progress line; the allocator calls it from one goroutine, the
+// progress printer reads it from another.
+type counter struct {
+	next      gpu.Sink
+	events    atomic.Int64
+	reserved  atomic.Int64
+	allocated atomic.Int64
+}
+
+func (c *counter) Emit(batch []gpu.Event) {
+	var r, a int64
+	for i := range batch {
+		e := &batch[i]
+		switch e.Action {
+		case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
+			r += int64(e.Size)
+		case gpu.ActionSegmentFree, gpu.ActionSegmentUnmap:
+			r -= int64(e.Size)
+		case gpu.ActionAlloc:
+			a += int64(e.BlockSize)
+		case gpu.ActionFreeRequested:
+			a -= int64(e.BlockSize)
+		}
+	}
+	c.reserved.Add(r)
+	c.allocated.Add(a)
+	c.events.Add(int64(len(batch)))
+	c.next.Emit(batch)
+}
+
+func openDevice(kind string, capacity uint64) (gpu.Device, func(addr, size uint64) error, func(), error) {
+	switch kind {
+	case "sim":
+		return sim.New(capacity), nil, func() {}, nil
+	case "cuda":
+		d, err := cuda.Open(0)
+		if err != nil {
+			return nil, nil, nil, err
+		}
+		return d, d.Touch, func() { d.Close() }, nil
+	}
+	return nil, nil, nil, usagef("--device must be sim or cuda, not %q", kind)
+}
+
+// record runs rec and stores its events; progress, when not nil, gets a
+// line every half second.
+func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer) (recorded, error) {
+	var out recorded
+	cfg, err := caching.ParseConfig(rec.Conf)
+	if err != nil {
+		return out, usagef("--alloc-conf: %v", err)
+	}
+	dev, touch, closeDev, err := openDevice(rec.Device, rec.Capacity)
+	if err != nil {
+		return out, err
+	}
+	defer closeDev()
+	_, total, err := dev.MemInfo()
+	if err != nil {
+		return out, err
+	}
+	source := rec.Source
+	if source == "" {
+		source = store.SourceTrace
+	}
+	w, err := db.CreateTrace(store.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
+		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+	if err != nil {
+		return out, err
+	}
+	sink := &counter{next: w}
+	clk := &tracer.Clock{}
+	now := clk.Now
+	if rec.Device == "cuda" {
+		start := time.Now()
+		now = func() int64 { return time.Since(start).Microseconds() }
+	}
+	a, err := caching.New(dev, cfg, caching.WithSink(sink), caching.WithClock(now))
+	if err != nil {
+		w.Abort()
+		return out, err
+	}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: w, Touch: touch}
+
+	done := make(chan struct{})
+	if progress != nil {
+		go func() {
+			t := time.NewTicker(500 * time.Millisecond)
+			defer t.Stop()
+			last := int64(0)
+			for {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+					n := sink.events.Load()
+					fmt.Fprintf(progress, "%s: %d events (%.0f/s), reserved %s, allocated %s\n", rec.Name, n,
+						float64(n-last)/0.5, gpu.FormatBytes(uint64(max(0, sink.reserved.Load()))), gpu.FormatBytes(uint64(max(0, sink.allocated.Load()))))
+					last = n
+				}
+			}
+		}()
+	}
+	runErr := tracer.Run(ctx, rec.Workload, env)
+	close(done)
+	var oom *caching.OutOfMemoryError
+	status := store.StatusComplete
+	switch {
+	case errors.As(runErr, &oom):
+		out.OOMs = append(out.OOMs, oom)
+	case errors.Is(runErr, context.Canceled):
+		out.Err = runErr
+		status = store.StatusIncomplete
+	case runErr != nil:
+		out.Err = runErr
+		status = store.StatusFailed
+	}
+	if err := w.Close(status); err != nil {
+		return out, err
+	}
+	out.Notes = env.Notes
+	out.Trace, err = db.Trace(w.ID())
+	return out, err
+}

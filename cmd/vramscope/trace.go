@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+
+	"vramscope/gpu"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+func init() {
+	register("trace", "run a workload through the caching allocator and record every event", runTrace)
+}
+
+const defaultDB = "vramscope.db"
+
+func runTrace(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("trace", stderr)
+	workload := fs.String("workload", "train", "train, serve-kv, frag or replay (replay takes a FILE)")
+	device := fs.String("device", "sim", "sim (simulated) or cuda (the real GPU 0: memory is really taken and touched)")
+	capacity := fs.String("capacity", defaultCapacity, "simulated device memory (--device sim)")
+	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
+	dbPath := fs.String("db", defaultDB, "SQLite database")
+	name := fs.String("name", "", "trace name (default: the workload and settings)")
+	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same trace")
+	quiet := fs.Bool("quiet", false, "no progress on stderr")
+	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
+
+	train := tracer.DefaultTrain()
+	fs.IntVar(&train.Layers, "layers", train.Layers, "train/serve-kv: transformer layers")
+	fs.IntVar(&train.Hidden, "hidden", train.Hidden, "train/serve-kv: hidden size")
+	fs.IntVar(&train.Batch, "batch", train.Batch, "train: batch size")
+	fs.IntVar(&train.Seq, "seq", train.Seq, "train: sequence length")
+	fs.IntVar(&train.Steps, "steps", train.Steps, "train: optimizer steps")
+	fs.IntVar(&train.DtypeBytes, "dtype-bytes", train.DtypeBytes, "train/serve-kv: bytes per element (2 for bf16)")
+	fs.BoolVar(&train.Checkpointing, "checkpointing", false, "train: activation checkpointing")
+	serve := tracer.DefaultServeKV()
+	fs.StringVar(&serve.KV, "kv", serve.KV, "serve-kv: KV cache layout, paged or contiguous")
+	fs.IntVar(&serve.Requests, "requests", serve.Requests, "serve-kv: requests to serve")
+	fs.IntVar(&serve.MaxBatch, "max-batch", serve.MaxBatch, "serve-kv: requests decoded together")
+	fs.IntVar(&serve.MaxPrompt, "max-prompt", serve.MaxPrompt, "serve-kv: longest prompt, tokens")
+	fs.IntVar(&serve.MaxOutput, "max-output", serve.MaxOutput, "serve-kv: longest output, tokens")
+	frag := tracer.DefaultFrag()
+	fs.Float64Var(&frag.Fill, "fill", frag.Fill, "frag: share of the device the big tensors fill")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vramscope trace [--workload train|serve-kv|frag|replay FILE] [flags]")
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	var w tracer.Workload
+	switch *workload {
+	case "train":
+		train.Seed = *seed
+		w = train
+	case "serve-kv":
+		serve.Seed = *seed
+		serve.DtypeBytes = train.DtypeBytes
+		if fs.Lookup("layers").Value.String() != fmt.Sprint(tracer.DefaultTrain().Layers) {
+			serve.Layers = train.Layers
+		}
+		if fs.Lookup("hidden").Value.String() != fmt.Sprint(tracer.DefaultTrain().Hidden) {
+			serve.Hidden = train.Hidden
+		}
+		w = serve
+	case "frag":
+		frag.Seed = *seed
+		w = frag
+	case "replay":
+		if len(pos) != 1 {
+			return usagef("--workload replay takes one FILE (an RMM log or a PyTorch snapshot)")
+		}
+		reqs, err := readRequests(pos[0])
+		if err != nil {
+			return err
+		}
+		pos = nil
+		w = tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
+			res, err := tracer.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
+			if err == nil && len(res.OOMs) > 0 {
+				return res.OOMs[0].Err
+			}
+			return err
+		})
+	default:
+		return usagef("unknown --workload %q (train, serve-kv, frag or replay)", *workload)
+	}
+	if len(pos) > 0 {
+		return usagef("unexpected arguments %v", pos)
+	}
+	capBytes, err := gpu.ParseBytes(*capacity)
+	if err != nil {
+		return usagef("--capacity: %v", err)
+	}
+	if *name == "" {
+		*name = *workload
+		if *conf != "" {
+			*name += " (" + *conf + ")"
+		}
+	}
+	db, err := store.Open(*dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	var progress io.Writer = stderr
+	if *quiet {
+		progress = nil
+	}
+	res, err := record(ctx, db, recording{Name: *name, Workload: w, Device: *device, Capacity: capBytes, Conf: *conf}, progress)
+	if err != nil {
+		return err
+	}
+	t := res.Trace
+	fmt.Fprintf(stdout, "trace %s: %d events, peak reserved %s, peak allocated %s\n", t.ID, t.Events,
+		gpu.FormatBytes(t.PeakReserved), gpu.FormatBytes(t.PeakAllocated))
+	for _, n := range res.Notes {
+		fmt.Fprintln(stdout, n)
+	}
+	for _, o := range res.OOMs {
+		fmt.Fprintf(stdout, "OOM: %s\n", o.Message)
+	}
+	fmt.Fprintf(stdout, "%s/traces/%s\n", *addr, t.ID)
+	return res.Err
+}
