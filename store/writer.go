@@ -176,6 +176,7 @@ type pending struct {
 	checkpoints []checkpointRow
 	bins        []binRow
 	classes     []binKey
+	incidents   []Incident
 	events      int
 }
 
@@ -395,6 +396,8 @@ func (w *Writer) add(e gpu.Event) error {
 	w.peak = totals{max(w.peak.reserved, w.tot.reserved), max(w.peak.allocated, w.tot.allocated), max(w.peak.active, w.tot.active)}
 	if e.Action == gpu.ActionOOM {
 		w.ooms++
+		w.pend.incidents = append(w.pend.incidents, Incident{N: int(w.ooms), Seq: e.Seq, TimeUS: e.TimeUS,
+			Size: e.Size, DeviceFree: e.DeviceFree, Stream: e.Stream, Stack: e.Stack})
 	}
 	if e.Action == gpu.ActionAlloc {
 		w.open[e.Addr] = allocRec{addr: e.Addr, size: blockSize, requested: e.Size, stream: e.Stream,
@@ -584,9 +587,12 @@ func (w *Writer) Abort() error {
 	return w.db.write(func(tx *sql.Tx) error { return deleteTrace(tx, w.tid) })
 }
 
-var traceTables = []string{"stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open", "traces"}
+var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open", "traces"}
 
 func deleteTrace(tx *sql.Tx, tid int64) error {
+	if _, err := tx.Exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
+		return err
+	}
 	for _, t := range traceTables {
 		if _, err := tx.Exec("DELETE FROM "+t+" WHERE tid = ?", tid); err != nil {
 			return err
@@ -660,6 +666,12 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 			} else if _, err := tx.Exec(q, args...); err != nil {
 				return err
 			}
+		}
+	}
+	for _, in := range b.incidents {
+		if _, err := tx.Exec("INSERT OR REPLACE INTO incidents (tid, n, seq, time_us, size, device_free, stream, stack) VALUES (?,?,?,?,?,?,?,?)",
+			tid, in.N, in.Seq, in.TimeUS, int64(in.Size), int64(in.DeviceFree), in.Stream, int64(in.Stack)); err != nil {
+			return err
 		}
 	}
 	for _, c := range b.checkpoints {
