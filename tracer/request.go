@@ -32,6 +32,8 @@ type Request struct {
 	Stream int64
 	Stack  gpu.StackID
 	TimeUS int64
+	// OOM marks a malloc that failed when the stream was recorded.
+	OOM bool
 }
 
 // OOM is a request the allocator refused.
@@ -56,56 +58,85 @@ type Result struct {
 // and skipped, and a later free of it is ignored; any other error stops the
 // replay. setTime, when not nil, is told each request's time first.
 func Replay(a *caching.Allocator, reqs []Request, setTime func(int64)) (Result, error) {
-	var res Result
-	live := make(map[int64]uint64, 1024)
-	for i, r := range reqs {
-		if setTime != nil {
-			setTime(r.TimeUS)
-		}
-		switch r.Op {
-		case OpMalloc:
-			p, err := a.Malloc(r.Size, r.Stream, r.Stack)
-			if err != nil {
-				var oom *caching.OutOfMemoryError
-				if errors.As(err, &oom) {
-					res.OOMs = append(res.OOMs, OOM{Index: i, Size: r.Size, Message: oom.Message, Err: oom})
-					continue
-				}
-				return res, fmt.Errorf("request %d: malloc(%d): %w", i, r.Size, err)
-			}
-			live[r.ID] = p
-		case OpFree:
-			p, ok := live[r.ID]
-			if !ok {
-				res.UnmatchedFrees++
-				continue
-			}
-			delete(live, r.ID)
-			if err := a.Free(p); err != nil {
-				return res, fmt.Errorf("request %d: %w", i, err)
-			}
-		case OpRecordStream:
-			if p, ok := live[r.ID]; ok {
-				if err := a.RecordStream(p, r.Stream); err != nil {
-					return res, fmt.Errorf("request %d: %w", i, err)
-				}
-			}
-		case OpEmptyCache:
-			if err := a.EmptyCache(); err != nil {
-				return res, fmt.Errorf("request %d: %w", i, err)
-			}
+	r := NewReplayer(a)
+	r.SetTime = setTime
+	for i := range reqs {
+		if err := r.Step(i, reqs[i]); err != nil {
+			return r.Result(), err
 		}
 	}
-	a.Flush()
-	st := a.Stats()
-	res.PeakReserved = uint64(st.ReservedBytes[0].Peak)
-	res.PeakAllocated = uint64(st.AllocatedBytes[0].Peak)
-	return res, nil
+	return r.Result(), nil
+}
+
+// Replayer replays requests one at a time, so callers can look at the
+// allocator between them.
+type Replayer struct {
+	a       *caching.Allocator
+	live    map[int64]uint64
+	res     Result
+	SetTime func(int64)
+}
+
+// NewReplayer returns a replayer driving a.
+func NewReplayer(a *caching.Allocator) *Replayer {
+	return &Replayer{a: a, live: make(map[int64]uint64, 1024)}
+}
+
+// Step runs request r, the i-th of its stream.
+func (p *Replayer) Step(i int, r Request) error {
+	if p.SetTime != nil {
+		p.SetTime(r.TimeUS)
+	}
+	a := p.a
+	switch r.Op {
+	case OpMalloc:
+		ptr, err := a.Malloc(r.Size, r.Stream, r.Stack)
+		if err != nil {
+			var oom *caching.OutOfMemoryError
+			if errors.As(err, &oom) {
+				p.res.OOMs = append(p.res.OOMs, OOM{Index: i, Size: r.Size, Message: oom.Message, Err: oom})
+				return nil
+			}
+			return fmt.Errorf("request %d: malloc(%d): %w", i, r.Size, err)
+		}
+		p.live[r.ID] = ptr
+	case OpFree:
+		ptr, ok := p.live[r.ID]
+		if !ok {
+			p.res.UnmatchedFrees++
+			return nil
+		}
+		delete(p.live, r.ID)
+		if err := a.Free(ptr); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	case OpRecordStream:
+		if ptr, ok := p.live[r.ID]; ok {
+			if err := a.RecordStream(ptr, r.Stream); err != nil {
+				return fmt.Errorf("request %d: %w", i, err)
+			}
+		}
+	case OpEmptyCache:
+		if err := a.EmptyCache(); err != nil {
+			return fmt.Errorf("request %d: %w", i, err)
+		}
+	}
+	return nil
+}
+
+// Result flushes the allocator's events and returns what the replay found.
+func (p *Replayer) Result() Result {
+	p.a.Flush()
+	st := p.a.Stats()
+	p.res.PeakReserved = uint64(st.ReservedBytes[0].Peak)
+	p.res.PeakAllocated = uint64(st.AllocatedBytes[0].Peak)
+	return p.res
 }
 
 // FromEvents turns a recorded event stream (a stored trace or a PyTorch
 // snapshot's trace) back into the requests that made it: alloc becomes
-// malloc, free_requested becomes free. Allocations live before the first
+// malloc, free_requested becomes free, and an oom becomes the malloc that
+// failed (with its rounded size, all the event keeps). Allocations live before the first
 // event are given as initial: they are allocated first, at time 0.
 func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
 	var reqs []Request
@@ -139,6 +170,10 @@ func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
 			}
 			delete(ids, e.Addr)
 			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+		case gpu.ActionOOM:
+			// The request that failed: replayed, it may succeed under other settings.
+			next++
+			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: e.Size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, OOM: true})
 		}
 	}
 	return reqs
