@@ -124,3 +124,39 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 		t.Errorf("unknown workload: exit %d", code)
 	}
 }
+
+func TestWhatIfJSON(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "w.db")
+	if code, _, errs := runCmd("trace", "--workload", "frag", "--capacity", "4GiB", "--db", db, "--quiet"); code != 0 {
+		t.Fatal(errs)
+	}
+	s, _ := store.Open(db)
+	traces, _ := s.Traces()
+	s.Close()
+	code, out, errs := runCmd("whatif", traces[0].ID, "--db", db, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var rows []struct {
+		AllocConf          string  `json:"alloc_conf"`
+		OOMs               int     `json:"ooms"`
+		PeakReserved       uint64  `json:"peak_reserved"`
+		FragmentationAtOOM float64 `json:"fragmentation_at_oom"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) < 2 || rows[0].AllocConf != "" || rows[0].OOMs != 1 || rows[0].FragmentationAtOOM < 0.5 {
+		t.Fatalf("original row %+v", rows)
+	}
+	if rows[1].AllocConf != "expandable_segments:True" || rows[1].OOMs != 0 || rows[1].PeakReserved == 0 {
+		t.Errorf("expandable row %+v", rows[1])
+	}
+	code, out, errs = runCmd("whatif", filepath.Join("..", "..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))
+	if code != 0 || !strings.Contains(out, "[original]") || !strings.Contains(out, "expandable_segments:True") {
+		t.Errorf("snapshot whatif: exit %d %s\n%s", code, errs, out)
+	}
+	if code, _, _ := runCmd("whatif", "no-such-trace", "--db", db); code != 2 {
+		t.Errorf("unknown trace: exit %d", code)
+	}
+}

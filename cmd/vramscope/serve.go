@@ -1,0 +1,64 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os/signal"
+	"syscall"
+
+	"vramscope/gpu"
+	"vramscope/server"
+	"vramscope/store"
+)
+
+func init() {
+	register("serve", "serve the web UI and JSON API (the default command)", runServe)
+}
+
+func runServe(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("serve", stderr)
+	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback by default)")
+	dbPath := fs.String("db", "vramscope.db", "SQLite database")
+	token := fs.String("token", "", "require this bearer token for uploads and deletes")
+	maxUpload := fs.String("max-upload", "4GiB", "largest snapshot upload accepted")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE]")
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) > 0 {
+		return usagef("serve takes no arguments, got %q", pos)
+	}
+	limit, err := gpu.ParseBytes(*maxUpload)
+	if err != nil {
+		return usagef("--max-upload: %v", err)
+	}
+	db, err := store.Open(*dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	ts, err := db.Traces()
+	if err != nil {
+		return err
+	}
+	if len(ts) == 0 {
+		fmt.Fprintln(stderr, "vramscope: empty database, creating demo traces")
+		if err := seedDemo(db); err != nil {
+			return fmt.Errorf("demo traces: %w", err)
+		}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	srv := server.New(server.Options{DB: db, Addr: *addr, Token: *token, MaxUploadBytes: int64(limit), Logger: log})
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	return srv.ListenAndServe(ctx, func(a net.Addr) {
+		fmt.Fprintf(stdout, "vramscope: serving %s on http://%s/\n", *dbPath, a)
+	})
+}
