@@ -101,7 +101,8 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
-	if !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 2.00 GiB") || !strings.Contains(out, "/traces/") {
+	if !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 2.00 GiB") || !strings.Contains(out, "/traces/") ||
+		!strings.Contains(out, "incident 1: http://127.0.0.1:8080/p/") {
 		t.Errorf("output:\n%s", out)
 	}
 	s, err := store.Open(db)
@@ -116,6 +117,11 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 	tr := traces[0]
 	if tr.OOMs != 1 || tr.Status != store.StatusComplete || tr.Events < 1000 || tr.Capacity != 4<<30 || !strings.Contains(out, tr.ID) {
 		t.Errorf("stored trace %+v", tr)
+	}
+	line := out[strings.Index(out, "/p/")+3:]
+	token := strings.TrimSpace(line[:strings.IndexByte(line, '\n')])
+	if p, err := s.Permalink(token); err != nil || !strings.Contains(string(p.State), "/traces/"+tr.ID+"/incidents/1") {
+		t.Errorf("permalink %q: %+v %v", token, p, err)
 	}
 	if code, _, errs := runCmd("trace", "--device", "cuda", "--db", db, "--quiet"); code == 0 || !strings.Contains(errs, "CUDA") {
 		t.Errorf("--device cuda without a GPU: exit %d, %s", code, errs)

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -17,6 +18,15 @@ func init() {
 }
 
 const defaultDB = "vramscope.db"
+
+// incidentPermalink stores a permalink to incident n's page.
+func incidentPermalink(db *store.DB, traceID string, n int) (string, error) {
+	state, err := json.Marshal(map[string]any{"url": fmt.Sprintf("/traces/%s/incidents/%d", traceID, n), "trace": traceID, "incident": n})
+	if err != nil {
+		return "", err
+	}
+	return db.CreatePermalink(traceID, state)
+}
 
 func runTrace(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("trace", stderr)
@@ -129,5 +139,16 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "OOM: %s\n", o.Message)
 	}
 	fmt.Fprintf(stdout, "%s/traces/%s\n", *addr, t.ID)
+	incidents, err := db.Incidents(t.ID)
+	if err != nil {
+		return err
+	}
+	for _, in := range incidents {
+		token, err := incidentPermalink(db, t.ID, in.N)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "incident %d: %s/p/%s\n", in.N, *addr, token)
+	}
 	return res.Err
 }
