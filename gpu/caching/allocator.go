@@ -16,7 +16,8 @@ import (
 // Block is a piece of a segment (PyTorch's struct Block).
 type Block struct {
 	// The fields the best-fit search reads come first, to share cache lines.
-	left, right *Block // treap links (see blockSet)
+	left, right *Block   // treap links (see blockSet)
+	k           blockKey // the set's key, fixed while in a set
 	stream      int64
 	size, addr  uint64
 	prio        uint32

@@ -45,11 +45,12 @@ func (s *blockSet) nextPrio() uint32 {
 // there by b's key into b's children (iterative: no recursion on the hot path).
 func (s *blockSet) insert(b *Block) {
 	k := s.key(b)
+	b.k = k // frozen while b is in the set: comparisons read it directly
 	b.prio = s.nextPrio()
 	b.inSet = s
 	link := &s.root
 	for t := *link; t != nil && t.prio >= b.prio; t = *link {
-		if k.less(s.key(t)) {
+		if k.less(t.k) {
 			link = &t.left
 		} else {
 			link = &t.right
@@ -57,7 +58,7 @@ func (s *blockSet) insert(b *Block) {
 	}
 	l, r := &b.left, &b.right
 	for t := *link; t != nil; {
-		if s.key(t).less(k) {
+		if t.k.less(k) {
 			*l, l, t = t, &t.right, t.right
 		} else {
 			*r, r, t = t, &t.left, t.left
@@ -72,10 +73,10 @@ func (s *blockSet) remove(b *Block) {
 	if b.inSet != s {
 		panic("caching: removing a block from a set that does not hold it")
 	}
-	k := s.key(b)
+	k := b.k
 	link := &s.root
 	for *link != b {
-		if k.less(s.key(*link)) {
+		if k.less((*link).k) {
 			link = &(*link).left
 		} else {
 			link = &(*link).right
@@ -109,7 +110,7 @@ func merge(a, b *Block) *Block {
 func (s *blockSet) lowerBound(k blockKey) *Block {
 	var res *Block
 	for t := s.root; t != nil; {
-		if !s.key(t).less(k) {
+		if !t.k.less(k) {
 			res, t = t, t.left
 		} else {
 			t = t.right
@@ -120,10 +121,10 @@ func (s *blockSet) lowerBound(k blockKey) *Block {
 
 // next returns the block after b in set order.
 func (s *blockSet) next(b *Block) *Block {
-	k := s.key(b)
+	k := b.k
 	var res *Block
 	for t := s.root; t != nil; {
-		if k.less(s.key(t)) {
+		if k.less(t.k) {
 			res, t = t, t.left
 		} else {
 			t = t.right
@@ -136,7 +137,7 @@ func (s *blockSet) next(b *Block) *Block {
 func (s *blockSet) before(k blockKey) *Block {
 	var res *Block
 	for t := s.root; t != nil; {
-		if s.key(t).less(k) {
+		if t.k.less(k) {
 			res, t = t, t.right
 		} else {
 			t = t.left
