@@ -1,0 +1,289 @@
+package server
+
+import (
+	"net/http"
+	"strconv"
+
+	"github.com/go-chi/chi/v5"
+
+	"vramscope/gpu"
+	"vramscope/store"
+)
+
+// maxEvents caps one events answer; clients page with from/to.
+const maxEvents = 10000
+
+func (s *Server) apiTraces(w http.ResponseWriter, r *http.Request) {
+	ts, err := s.opt.DB.Traces()
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if ts == nil {
+		ts = []store.Trace{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"traces": ts})
+}
+
+func (s *Server) apiTrace(w http.ResponseWriter, r *http.Request) {
+	t, err := s.opt.DB.Trace(chi.URLParam(r, "id"))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, t)
+}
+
+func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	if err := s.opt.DB.DeleteTrace(id); err != nil {
+		if _, terr := s.opt.DB.Trace(id); terr == nil {
+			// The trace exists but may not go (it is being written).
+			writeError(w, http.StatusConflict, "%v", err)
+			return
+		}
+		s.storeError(w, r, err)
+		return
+	}
+	s.sums.drop(id)
+	w.WriteHeader(http.StatusNoContent)
+}
+
+// usageJSON is a usage timeline in columns: bucket i starts at
+// start_us + i*bucket_us, and each series holds min,max pairs.
+type usageJSON struct {
+	BucketUS  int64    `json:"bucket_us"`
+	StartUS   int64    `json:"start_us"`
+	Events    []int64  `json:"events"`
+	Reserved  []uint64 `json:"reserved"`
+	Allocated []uint64 `json:"allocated"`
+	Active    []uint64 `json:"active"`
+}
+
+// window reads t0, t1 (microseconds, t0 < t1) and n columns.
+func window(p *params, nName string, nDef, nMax int64) (t0, t1 int64, n int) {
+	t0 = p.required("t0")
+	t1 = p.required("t1")
+	if p.err == nil && t1 <= t0 {
+		p.fail("t1", "must be greater than t0 (%d)", t0)
+	}
+	n = int(p.intIn(nName, nDef, 1, nMax))
+	return
+}
+
+func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t0, t1, n := window(p, "n", 1000, 20000)
+	if !p.check(w) {
+		return
+	}
+	u, err := s.opt.DB.Usage(chi.URLParam(r, "id"), t0, t1, n)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out := usageJSON{BucketUS: u.BucketUS, Events: make([]int64, len(u.Buckets)),
+		Reserved: make([]uint64, 0, 2*len(u.Buckets)), Allocated: make([]uint64, 0, 2*len(u.Buckets)),
+		Active: make([]uint64, 0, 2*len(u.Buckets))}
+	if len(u.Buckets) > 0 {
+		out.StartUS = u.Buckets[0].StartUS
+	}
+	for i, b := range u.Buckets {
+		out.Events[i] = b.Events
+		out.Reserved = append(out.Reserved, b.Reserved.Min, b.Reserved.Max)
+		out.Allocated = append(out.Allocated, b.Allocated.Min, b.Allocated.Max)
+		out.Active = append(out.Active, b.Active.Min, b.Active.Max)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// layoutJSON is the segment map at one instant, in flat columns so that
+// a hundred thousand blocks stay a compact answer:
+// segments: address, size, stream, pool (0 unknown, 1 small, 2 large),
+// expandable (0/1), index of its first block, block count;
+// blocks: address, size, requested size, state (0 cached free,
+// 1 allocated, 2 pending free), alloc seq (-1 unknown), stack id.
+type layoutJSON struct {
+	TimeUS       int64       `json:"t"`
+	Seq          int64       `json:"seq"`
+	Figures      gpu.Figures `json:"figures"`
+	LargestFree  uint64      `json:"largest_free_address"`
+	Segments     []int64     `json:"segments"`
+	Blocks       []int64     `json:"blocks"`
+	SegmentCount int         `json:"segment_count"`
+	BlockCount   int         `json:"block_count"`
+}
+
+const segCols, blockCols = 7, 6
+
+func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t := p.required("t")
+	if !p.check(w) {
+		return
+	}
+	l, seq, err := s.opt.DB.LayoutAt(chi.URLParam(r, "id"), t)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out := layoutJSON{TimeUS: t, Seq: seq, Figures: l.Figures(), SegmentCount: len(l.Segments)}
+	var largest uint64
+	for i := range l.Segments {
+		sg := &l.Segments[i]
+		exp := int64(0)
+		if sg.Expandable {
+			exp = 1
+		}
+		out.Segments = append(out.Segments, int64(sg.Addr), int64(sg.Size), sg.Stream, int64(sg.Pool), exp,
+			int64(len(out.Blocks)/blockCols), int64(len(sg.Blocks)))
+		for _, b := range sg.Blocks {
+			state := int64(0)
+			switch b.State {
+			case gpu.BlockAllocated:
+				state = 1
+			case gpu.BlockPendingFree:
+				state = 2
+			default:
+				if b.Size > largest {
+					largest, out.LargestFree = b.Size, b.Addr
+				}
+			}
+			out.Blocks = append(out.Blocks, int64(b.Addr), int64(b.Size), int64(b.Requested), state, b.Seq, int64(b.Stack))
+		}
+	}
+	out.BlockCount = len(out.Blocks) / blockCols
+	if out.Segments == nil {
+		out.Segments, out.Blocks = []int64{}, []int64{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+type eventJSON struct {
+	Seq        int64  `json:"seq"`
+	TimeUS     int64  `json:"time_us"`
+	Action     string `json:"action"`
+	Stream     int64  `json:"stream"`
+	Addr       uint64 `json:"address"`
+	Size       uint64 `json:"size"`
+	BlockSize  uint64 `json:"block_size,omitempty"`
+	DeviceFree uint64 `json:"device_free,omitempty"`
+	Stack      uint32 `json:"stack,omitempty"`
+}
+
+func toEventJSON(e gpu.Event) eventJSON {
+	return eventJSON{Seq: e.Seq, TimeUS: e.TimeUS, Action: e.Action.String(), Stream: e.Stream, Addr: e.Addr,
+		Size: e.Size, BlockSize: e.BlockSize, DeviceFree: e.DeviceFree, Stack: uint32(e.Stack)}
+}
+
+func (s *Server) apiEvents(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	from := p.intIn("from", 0, 0, 1<<62)
+	to := p.intIn("to", from+100, 0, 1<<62)
+	if p.err == nil && to < from {
+		p.fail("to", "must not be less than from (%d)", from)
+	}
+	if p.err == nil && to-from > maxEvents {
+		p.fail("to", "at most %d events per request (from %d to %d asks for %d)", maxEvents, from, to, to-from)
+	}
+	if !p.check(w) {
+		return
+	}
+	evs, err := s.opt.DB.Events(chi.URLParam(r, "id"), from, to)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out := make([]eventJSON, len(evs))
+	for i, e := range evs {
+		out[i] = toEventJSON(e)
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"events": out})
+}
+
+func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t0, t1, limit := window(p, "limit", 100, 10000)
+	min := p.intIn("min_bytes", 0, 0, 1<<62)
+	if !p.check(w) {
+		return
+	}
+	a, err := s.opt.DB.Allocations(chi.URLParam(r, "id"), t0, t1, uint64(min), limit)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if a.Allocations == nil {
+		a.Allocations = []store.Allocation{}
+	}
+	writeJSON(w, http.StatusOK, a)
+}
+
+// allocationJSON is one allocation with its stack and the events that
+// made and ended it.
+type allocationJSON struct {
+	store.Allocation
+	Frames gpu.Stack   `json:"frames"`
+	Events []eventJSON `json:"events"`
+}
+
+// freeScan bounds how far past a free_requested the matching
+// free_completed is looked for.
+const freeScan = 1 << 14
+
+func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	seq, err := strconv.ParseInt(chi.URLParam(r, "seq"), 10, 64)
+	if err != nil || seq < 0 {
+		writeError(w, http.StatusBadRequest, "parameter seq: %q is not an event sequence number", chi.URLParam(r, "seq"))
+		return
+	}
+	a, st, err := s.opt.DB.Allocation(id, seq)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out := allocationJSON{Allocation: a, Frames: st, Events: []eventJSON{}}
+	if st == nil {
+		out.Frames = gpu.Stack{}
+	}
+	evs, err := s.opt.DB.Events(id, seq, seq+1)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	for _, e := range evs {
+		out.Events = append(out.Events, toEventJSON(e))
+	}
+	if a.FreeSeq >= 0 {
+		evs, err := s.opt.DB.Events(id, a.FreeSeq, a.FreeSeq+freeScan)
+		if err != nil {
+			s.storeError(w, r, err)
+			return
+		}
+		for i, e := range evs {
+			if i == 0 || e.Addr == a.Addr && e.Action == gpu.ActionFreeCompleted {
+				out.Events = append(out.Events, toEventJSON(e))
+				if i > 0 || e.Action == gpu.ActionFreeCompleted {
+					break
+				}
+			}
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (s *Server) apiStack(w http.ResponseWriter, r *http.Request) {
+	sid, err := strconv.ParseUint(chi.URLParam(r, "sid"), 10, 32)
+	if err != nil || sid == 0 {
+		writeError(w, http.StatusBadRequest, "parameter sid: %q is not a stack id", chi.URLParam(r, "sid"))
+		return
+	}
+	st, err := s.opt.DB.Stack(chi.URLParam(r, "id"), gpu.StackID(sid))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	w.Header().Set("Cache-Control", "private, max-age=3600") // stacks never change
+	writeJSON(w, http.StatusOK, map[string]any{"frames": st})
+}

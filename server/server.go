@@ -1,0 +1,136 @@
+// Package server is vramscope's HTTP side: the pages, the JSON API they use,
+// uploads and the embedded static files, behind one chi router.
+package server
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
+
+	"vramscope/store"
+)
+
+// Options configure a server.
+type Options struct {
+	DB   *store.DB
+	Addr string // listen address for ListenAndServe; 127.0.0.1:8080 when empty
+	// Token, when set, is required of API writers (uploads, deletes) as
+	// "Authorization: Bearer TOKEN"; readers need none on loopback.
+	Token string
+	// MaxUploadBytes caps a snapshot upload; DefaultMaxUpload when zero.
+	MaxUploadBytes int64
+	// Logger gets one line per request; slog.Default() when nil.
+	Logger *slog.Logger
+	// Import stores an uploaded snapshot and returns the new trace ids;
+	// ImportSnapshot when nil.
+	Import ImportFunc
+}
+
+// DefaultMaxUpload is the upload cap when Options.MaxUploadBytes is zero.
+const DefaultMaxUpload = 4 << 30
+
+// requestTimeout bounds every request but uploads and (later) websockets.
+const requestTimeout = 30 * time.Second
+
+// Server serves one database.
+type Server struct {
+	opt    Options
+	log    *slog.Logger
+	router chi.Router
+	sums   *summaryCache
+}
+
+// New builds the router. Routes are grouped so that long-lived ones
+// (uploads now; /ws/ingest and /ws/traces/{id} later) sit outside the
+// timeout and compression middleware.
+func New(opt Options) *Server {
+	if opt.Addr == "" {
+		opt.Addr = "127.0.0.1:8080"
+	}
+	if opt.MaxUploadBytes <= 0 {
+		opt.MaxUploadBytes = DefaultMaxUpload
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.Default()
+	}
+	if opt.Import == nil {
+		opt.Import = ImportSnapshot
+	}
+	s := &Server{opt: opt, log: opt.Logger, sums: newSummaryCache(64)}
+	r := chi.NewRouter()
+	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders)
+
+	r.Group(func(r chi.Router) {
+		r.Use(middleware.Timeout(requestTimeout))
+		r.Use(middleware.Compress(5, "text/html", "text/css", "text/plain", "text/javascript",
+			"application/javascript", "application/json", "application/octet-stream"))
+		r.Get("/", s.pageList)
+		r.Get("/traces/{id}", s.pageTrace)
+		r.Get("/static/{version}/{name}", s.static)
+		r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		r.Route("/api/traces", func(r chi.Router) {
+			r.Get("/", s.apiTraces)
+			r.Route("/{id}", func(r chi.Router) {
+				r.Get("/", s.apiTrace)
+				r.With(s.requireToken).Delete("/", s.apiDeleteTrace)
+				r.Get("/usage", s.apiUsage)
+				r.Get("/bands", s.apiBands)
+				r.Get("/layout", s.apiLayout)
+				r.Get("/summary", s.apiSummary)
+				r.Get("/events", s.apiEvents)
+				r.Get("/allocations", s.apiAllocations)
+				r.Get("/allocations/{seq}", s.apiAllocation)
+				r.Get("/stacks/{sid}", s.apiStack)
+			})
+		})
+	})
+	// Uploads stream for as long as the file takes: no timeout, no compression.
+	r.With(s.requireToken).Post("/api/traces", s.apiUpload)
+
+	r.NotFound(s.notFound)
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusMethodNotAllowed, "method %s is not allowed on %s", r.Method, r.URL.Path)
+	})
+	s.router = r
+	return s
+}
+
+// Handler returns the server's http.Handler.
+func (s *Server) Handler() http.Handler { return s.router }
+
+// Router exposes the router so later features can mount their routes.
+func (s *Server) Router() chi.Router { return s.router }
+
+// ListenAndServe serves on opt.Addr until ctx ends, then shuts down
+// gracefully. ready, if not nil, is called with the bound address.
+func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) error {
+	ln, err := net.Listen("tcp", s.opt.Addr)
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
+	if ready != nil {
+		ready(ln.Addr())
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(sctx)
+		if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
+			err = errors.Join(err, e)
+		}
+		return err
+	}
+}

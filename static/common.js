@@ -1,0 +1,137 @@
+// Shared helpers: units, theme, DOM building (text only, never HTML from
+// data), and a JSON fetch that surfaces the server's {"error"} text.
+
+const UNITS = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+
+/** Bytes in binary units: 512 B, 1.50 KiB, 80.00 GiB. */
+export function fmtBytes(n) {
+  if (n === undefined || n === null || !isFinite(n)) return "–";
+  const neg = n < 0;
+  n = Math.abs(n);
+  if (n < 1024) return (neg ? "-" : "") + Math.round(n) + " B";
+  let i = -1;
+  while (n >= 1024 && i < UNITS.length - 1) { n /= 1024; i++; }
+  return (neg ? "-" : "") + n.toFixed(2) + " " + UNITS[i];
+}
+
+/** Short byte labels for axes: 1.5 GiB. */
+export function fmtBytesShort(n) {
+  if (n < 1024) return Math.round(n) + " B";
+  let i = -1;
+  while (n >= 1024 && i < UNITS.length - 1) { n /= 1024; i++; }
+  return (n >= 100 ? n.toFixed(0) : n >= 10 ? n.toFixed(1) : n.toFixed(2).replace(/\.?0+$/, "")) + " " + UNITS[i];
+}
+
+/** Microseconds as a readable time. */
+export function fmtTime(us) {
+  if (us === undefined || us === null || !isFinite(us)) return "–";
+  const a = Math.abs(us);
+  if (a < 1000) return us.toFixed(0) + " µs";
+  if (a < 1e6) return (us / 1e3).toFixed(a < 1e4 ? 2 : 1) + " ms";
+  if (a < 6e8) return (us / 1e6).toFixed(a < 1e7 ? 3 : 2) + " s";
+  return (us / 6e7).toFixed(2) + " min";
+}
+
+export function fmtAddr(a) { return "0x" + Math.round(a).toString(16); }
+
+/** el("td", {class: "x"}, "text", child) builds an element; strings become text nodes. */
+export function el(tag, attrs, ...children) {
+  const e = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") e.className = v;
+    else if (k === "text") e.textContent = v;
+    else e.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children) {
+    if (c === undefined || c === null || c === false) continue;
+    e.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return e;
+}
+
+/** An error from the API, carrying the HTTP status. */
+export class APIError extends Error {
+  constructor(status, msg) { super(msg); this.status = status; }
+}
+
+/** fetch JSON (or text with {text: true}); rejects with the server's error text. */
+export async function api(url, opts = {}) {
+  const res = await fetch(url, { signal: opts.signal, method: opts.method || "GET", headers: { Accept: "application/json" } });
+  if (!res.ok) {
+    let msg = res.status + " " + res.statusText;
+    try { const j = await res.json(); if (j && j.error) msg = j.error; } catch { /* not JSON */ }
+    throw new APIError(res.status, msg);
+  }
+  if (res.status === 204) return null;
+  return opts.text ? res.text() : res.json();
+}
+
+const THEME_KEY = "vramscope-theme";
+
+/** The theme in force: the saved choice, else the system's. */
+export function currentTheme() {
+  const t = document.documentElement.dataset.theme;
+  if (t) return t;
+  return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
+}
+
+/** Wire the theme button; onChange runs after every switch. */
+export function initTheme(onChange) {
+  const saved = localStorage.getItem(THEME_KEY);
+  if (saved === "dark" || saved === "light") document.documentElement.dataset.theme = saved;
+  const btn = document.getElementById("theme");
+  const label = () => { if (btn) btn.textContent = currentTheme() === "dark" ? "Light theme" : "Dark theme"; };
+  label();
+  btn?.addEventListener("click", () => {
+    const next = currentTheme() === "dark" ? "light" : "dark";
+    document.documentElement.dataset.theme = next;
+    localStorage.setItem(THEME_KEY, next);
+    label();
+    onChange?.();
+  });
+  matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => { label(); onChange?.(); });
+}
+
+/** CSS custom properties, read once per theme for the canvases. */
+export function palette() {
+  const s = getComputedStyle(document.documentElement);
+  const v = (n) => s.getPropertyValue(n).trim();
+  return {
+    bg: v("--bg"), panel: v("--panel"), fg: v("--fg"), dim: v("--dim"), grid: v("--grid"),
+    reserved: v("--reserved"), allocated: v("--allocated"), active: v("--active"),
+    small: v("--small"), pending: v("--pending"), free: v("--free"), largest: v("--largest"),
+    select: v("--select"), cursor: v("--cursor"), brush: v("--brush"),
+    bands: v("--bands").split(",").map((x) => x.trim()),
+  };
+}
+
+/** A canvas sized to its box at the device pixel ratio; returns its 2D context in CSS pixels. */
+export function fitCanvas(canvas, cssW, cssH) {
+  const dpr = window.devicePixelRatio || 1;
+  const w = Math.max(1, Math.round(cssW * dpr)), h = Math.max(1, Math.round(cssH * dpr));
+  if (canvas.width !== w || canvas.height !== h) {
+    canvas.width = w; canvas.height = h;
+    canvas.style.width = cssW + "px"; canvas.style.height = cssH + "px";
+  }
+  const ctx = canvas.getContext("2d");
+  ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
+  return ctx;
+}
+
+/** Round numbers for an axis between lo and hi, about n of them. */
+export function niceTicks(lo, hi, n, binary) {
+  const span = hi - lo;
+  if (!(span > 0)) return [];
+  let step;
+  if (binary) {
+    step = Math.pow(2, Math.ceil(Math.log2(span / n)));
+  } else {
+    const raw = span / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+    const f = raw / mag;
+    step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
+  }
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) out.push(v);
+  return out;
+}
