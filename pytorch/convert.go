@@ -128,7 +128,7 @@ func (d *decoder) describe(v Value) string {
 		return "a dict with keys " + d.describeKeys(v)
 	case kList:
 		if len(v.obj.items) > 0 {
-			return fmt.Sprintf("a list holding %s", d.describe(resolve(v.obj.items[0])))
+			return fmt.Sprintf("a list holding a %s", resolve(v.obj.items[0]).kind)
 		}
 	}
 	return "a " + v.kind.String()

@@ -451,6 +451,9 @@ func (d *decoder) step(op byte, at int64) error {
 		if !ok {
 			return errors.New("no MARK")
 		}
+		if len(items)%2 != 0 {
+			return errors.New("odd number of values: a key without a value")
+		}
 		v := d.newObj(kDict, nil)
 		if err := d.setItems(v, items); err != nil {
 			return err
