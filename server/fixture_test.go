@@ -30,17 +30,18 @@ type workload struct {
 // makeTrace records w into db and returns the trace id.
 func makeTrace(tb testing.TB, db *store.DB, name string, w workload) string {
 	tb.Helper()
-	id, err := record(db, name, w)
+	id, _, err := record(db, name, w)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	return id
 }
 
-func record(db *store.DB, name string, w workload) (string, error) {
+// record returns the trace id and the allocator's final statistics.
+func record(db *store.DB, name string, w workload) (string, caching.Stats, error) {
 	cfg, err := caching.ParseConfig(w.Conf)
 	if err != nil {
-		return "", err
+		return "", caching.Stats{}, err
 	}
 	if w.Capacity == 0 {
 		w.Capacity = 40 << 30
@@ -49,12 +50,12 @@ func record(db *store.DB, name string, w workload) (string, error) {
 	wr, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceTrace, DeviceName: dev.Name(),
 		Capacity: w.Capacity, Settings: w.Conf}, gpu.NewLayout(cfg.Rules))
 	if err != nil {
-		return "", err
+		return "", caching.Stats{}, err
 	}
 	var clock int64 = 1_000_000
 	a, err := caching.New(dev, cfg, caching.WithSink(wr), caching.WithClock(func() int64 { clock += 10; return clock }))
 	if err != nil {
-		return "", err
+		return "", caching.Stats{}, err
 	}
 	rng := rand.New(rand.NewPCG(w.Seed, 1))
 	stack := func(fn string, line uint64) gpu.StackID {
@@ -101,9 +102,9 @@ func record(db *store.DB, name string, w workload) (string, error) {
 	a.EmptyCache()
 	a.Flush()
 	if err := wr.Close(store.StatusComplete); err != nil {
-		return "", err
+		return "", caching.Stats{}, err
 	}
-	return wr.ID(), nil
+	return wr.ID(), a.Stats(), nil
 }
 
 // openDB opens a fresh database in a temporary directory.

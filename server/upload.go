@@ -108,6 +108,10 @@ type uploadJSON struct {
 // apiUpload takes a snapshot as the raw body (name from ?name= or the
 // X-Filename header) or as the first file of a multipart form (curl -F).
 func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
+	if r.ContentLength > s.opt.MaxUploadBytes {
+		writeError(w, http.StatusRequestEntityTooLarge, "the upload (%d bytes) is larger than this server accepts (%d bytes)", r.ContentLength, s.opt.MaxUploadBytes)
+		return
+	}
 	r.Body = http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes)
 	name := r.URL.Query().Get("name")
 	if name == "" {

@@ -146,6 +146,18 @@ export class SegMap {
     this.view.stats.drawMs.push(performance.now() - start);
   }
 
+  /** Canvas coordinates of the middle of block index b (for tests and keyboard use). */
+  blockCenter(b) {
+    const d = this.data, segs = d.segments, blks = d.blocks;
+    for (let r = 0, i = 0; i < segs.length; i += SEG, r++) {
+      if (b >= segs[i + 5] && b < segs[i + 5] + segs[i + 6]) {
+        const off = blks[b * BLK] - segs[i] + blks[b * BLK + 1] / 2;
+        return { x: this.xOf(off), y: TOP + GAP + r * (ROW + GAP) + ROW / 2 };
+      }
+    }
+    return null;
+  }
+
   /** The block under a point: {index, addr, size, requested, state, seq, stack}. */
   hit(x, y) {
     const d = this.data;

@@ -135,20 +135,43 @@ export class Timeline {
       }
       if (band.seq === sel) selected = band;
     }
-    if (selected) this.outlineBand(ctx, selected, xc, yOf, pal.select, 3);
+    if (selected) this.outlineBand(ctx, selected, xc, yOf, pal.select, 2, true);
     if (this.hover && this.hover.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, xc, yOf, pal.fg, 1);
   }
 
-  outlineBand(ctx, band, xc, yOf, color, width) {
+  // Outline a band as two step lines (its top and bottom edges), closed at
+  // both ends; the selected one is also tinted.
+  outlineBand(ctx, band, xc, yOf, color, width, tint) {
+    const runs = band.runs, end = xc(band.c1 + 1);
+    const edge = (dy) => {
+      ctx.beginPath();
+      for (let r = 0; r < runs.length; r += 2) {
+        const x0 = xc(runs[r]), x1 = r + 2 < runs.length ? xc(runs[r + 2]) : end;
+        const y = yOf(runs[r + 1] + dy);
+        if (r === 0) ctx.moveTo(x0, y); else ctx.lineTo(x0, y);
+        ctx.lineTo(x1, y);
+      }
+      return ctx;
+    };
+    if (tint) {
+      ctx.globalAlpha = 0.35;
+      ctx.fillStyle = color;
+      for (let r = 0; r < runs.length; r += 2) {
+        const x0 = xc(runs[r]), x1 = r + 2 < runs.length ? xc(runs[r + 2]) : end;
+        const y1 = yOf(runs[r + 1]), y0 = yOf(runs[r + 1] + band.size);
+        ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0));
+      }
+      ctx.globalAlpha = 1;
+    }
     ctx.strokeStyle = color;
     ctx.lineWidth = width;
-    const runs = band.runs;
-    for (let r = 0; r < runs.length; r += 2) {
-      const c0 = runs[r], c1 = r + 2 < runs.length ? runs[r + 2] : band.c1 + 1;
-      const x0 = xc(c0), x1 = xc(c1);
-      const y1 = yOf(runs[r + 1]), y0 = yOf(runs[r + 1] + band.size);
-      ctx.strokeRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0));
-    }
+    edge(0).stroke();
+    edge(band.size).stroke();
+    const first = runs[1], last = runs[runs.length - 1];
+    ctx.beginPath();
+    ctx.moveTo(xc(band.c0), yOf(first)); ctx.lineTo(xc(band.c0), yOf(first + band.size));
+    ctx.moveTo(end, yOf(last)); ctx.lineTo(end, yOf(last + band.size));
+    ctx.stroke();
   }
 
   drawUsage(ctx, pal, yOf) {

@@ -32,6 +32,8 @@ window.vramscope = view; // for tests and the console
 let pal = palette();
 const timeline = new Timeline(document.getElementById("timeline"), document.getElementById("timeline-tip"), view);
 const segmap = new SegMap(document.getElementById("segmap"), document.getElementById("segmap-tip"), view);
+view.timeline = timeline;
+view.segmap = segmap;
 
 // ---- state changes -------------------------------------------------------
 
@@ -68,8 +70,9 @@ view.setWindow = (t0, t1) => {
   const full = fullT1 - fullT0, pad = Math.max(full * 0.05, MIN_SPAN);
   span = Math.min(span, full + 2 * pad);
   t0 = Math.max(fullT0 - pad, Math.min(t0, fullT1 + pad - span));
-  view.t0 = t0;
-  view.t1 = t0 + span;
+  // Whole microseconds: the URL holds the window exactly.
+  view.t0 = Math.round(t0);
+  view.t1 = Math.round(t0 + span);
   needTimeline = true;
   schedule();
 };

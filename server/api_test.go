@@ -1,0 +1,408 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"vramscope/static"
+	"vramscope/store"
+)
+
+// fixture is one server over a database holding one recorded trace.
+type fixture struct {
+	db    *store.DB
+	srv   *httptest.Server
+	id    string
+	trace store.Trace
+	final string // the allocator's own memory_summary() at the end
+}
+
+func newFixture(t *testing.T, opt Options) *fixture {
+	t.Helper()
+	db := openDB(t)
+	id, st, err := record(db, "fixture "+xssFrame, workload{Steps: 4, Layers: 6, Seed: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := db.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opt.DB = db
+	opt.Logger = quietLogger()
+	srv := httptest.NewServer(New(opt).Handler())
+	t.Cleanup(srv.Close)
+	return &fixture{db: db, srv: srv, id: id, trace: tr, final: st.Summary(0, false)}
+}
+
+func (f *fixture) get(t *testing.T, path string, want int) []byte {
+	t.Helper()
+	res, err := http.Get(f.srv.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	if res.StatusCode != want {
+		t.Fatalf("GET %s: status %d, want %d: %s", path, res.StatusCode, want, b)
+	}
+	return b
+}
+
+func (f *fixture) getJSON(t *testing.T, path string, v any) {
+	t.Helper()
+	if err := json.Unmarshal(f.get(t, path, http.StatusOK), v); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+}
+
+func errorOf(t *testing.T, b []byte) string {
+	t.Helper()
+	var e struct{ Error string }
+	if err := json.Unmarshal(b, &e); err != nil || e.Error == "" {
+		t.Fatalf("not a JSON error: %s", b)
+	}
+	return e.Error
+}
+
+func TestTracesListAndGet(t *testing.T) {
+	f := newFixture(t, Options{})
+	var list struct{ Traces []store.Trace }
+	f.getJSON(t, "/api/traces", &list)
+	if len(list.Traces) != 1 || list.Traces[0].ID != f.id {
+		t.Fatalf("list = %+v", list)
+	}
+	tr := list.Traces[0]
+	if tr.Events == 0 || tr.PeakAllocated == 0 || tr.PeakReserved < tr.PeakAllocated || tr.Status != store.StatusComplete {
+		t.Fatalf("trace = %+v", tr)
+	}
+	var one store.Trace
+	f.getJSON(t, "/api/traces/"+f.id, &one)
+	if one.ID != f.id || one.Events != tr.Events {
+		t.Fatalf("trace = %+v", one)
+	}
+	if e := errorOf(t, f.get(t, "/api/traces/nope", http.StatusNotFound)); !strings.Contains(e, "nope") {
+		t.Fatalf("error %q does not name the trace", e)
+	}
+	errorOf(t, f.get(t, "/api/nothing", http.StatusNotFound))
+}
+
+func TestBadParametersAreNamed(t *testing.T) {
+	f := newFixture(t, Options{})
+	base := "/api/traces/" + f.id
+	for path, param := range map[string]string{
+		base + "/usage?t1=5":                 "t0",
+		base + "/usage?t0=5":                 "t1",
+		base + "/usage?t0=x&t1=5":            "t0",
+		base + "/usage?t0=9&t1=5":            "t1",
+		base + "/usage?t0=1&t1=5&n=0":        "n",
+		base + "/bands?t0=1&t1=5&w=5&h=1":    "h",
+		base + "/layout":                     "t",
+		base + "/summary?t=1&abbreviated=no": "abbreviated",
+		base + "/events?from=5&to=1":         "to",
+		base + "/events?from=0&to=100000":    "to",
+		base + "/allocations/x":              "seq",
+		base + "/stacks/0":                   "sid",
+	} {
+		e := errorOf(t, f.get(t, path, http.StatusBadRequest))
+		if !strings.Contains(e, "parameter "+param) {
+			t.Errorf("GET %s: error %q does not name parameter %s", path, e, param)
+		}
+	}
+	for _, path := range []string{"/usage?t0=1&t1=5", "/bands?t0=1&t1=5", "/layout?t=1", "/summary?t=1", "/events?from=0&to=5", "/allocations/0"} {
+		errorOf(t, f.get(t, "/api/traces/unknown"+path, http.StatusNotFound))
+	}
+}
+
+func TestUsageFollowsTheTrace(t *testing.T) {
+	f := newFixture(t, Options{})
+	tr := f.trace
+	var u usageJSON
+	f.getJSON(t, "/api/traces/"+f.id+"/usage?t0="+itoa(tr.FirstUS)+"&t1="+itoa(tr.LastUS)+"&n=200", &u)
+	if n := len(u.Events); n == 0 || n > 200 || len(u.Reserved) != 2*n || len(u.Allocated) != 2*n {
+		t.Fatalf("%d buckets, %d reserved values", n, len(u.Reserved))
+	}
+	var peakA, peakR uint64
+	var events int64
+	for i := range u.Events {
+		events += u.Events[i]
+		peakA = max(peakA, u.Allocated[2*i+1])
+		peakR = max(peakR, u.Reserved[2*i+1])
+		if u.Allocated[2*i] > u.Allocated[2*i+1] || u.Allocated[2*i+1] > u.Reserved[2*i+1] {
+			t.Fatalf("bucket %d: allocated %d..%d, reserved max %d", i, u.Allocated[2*i], u.Allocated[2*i+1], u.Reserved[2*i+1])
+		}
+	}
+	if peakA != tr.PeakAllocated || peakR != tr.PeakReserved || events != tr.Events {
+		t.Fatalf("peaks %d/%d events %d, trace says %d/%d events %d", peakA, peakR, events, tr.PeakAllocated, tr.PeakReserved, tr.Events)
+	}
+}
+
+func TestBandsStackUnderAllocated(t *testing.T) {
+	f := newFixture(t, Options{})
+	tr := f.trace
+	var b bandsJSON
+	f.getJSON(t, "/api/traces/"+f.id+"/bands?t0="+itoa(tr.FirstUS)+"&t1="+itoa(tr.LastUS)+"&w=300&h=200", &b)
+	if len(b.Bands) == 0 || len(b.Small) != 300 || b.YMax != tr.PeakReserved {
+		t.Fatalf("%d bands, %d columns, y_max %d (peak reserved %d)", len(b.Bands), len(b.Small), b.YMax, tr.PeakReserved)
+	}
+	for _, band := range b.Bands {
+		if band.Size < b.MinBytes {
+			t.Fatalf("band %d is %d bytes, under a pixel (%d)", band.Seq, band.Size, b.MinBytes)
+		}
+		if len(band.Runs) == 0 || band.Runs[0] != int64(band.C0) {
+			t.Fatalf("band %d: runs %v do not start at c0 %d", band.Seq, band.Runs, band.C0)
+		}
+	}
+	// Bands sit on the small band and on each other without overlap: in
+	// every column, sorted by offset, each starts where the last ended.
+	for c := 0; c < 300; c++ {
+		top := b.Small[c]
+		for _, band := range b.Bands {
+			if c < band.C0 || c > band.C1 {
+				continue
+			}
+			off := band.Runs[1]
+			for r := 0; r < len(band.Runs) && band.Runs[r] <= int64(c); r += 2 {
+				off = band.Runs[r+1]
+			}
+			if uint64(off) != top {
+				t.Fatalf("column %d: band %d at %d, want %d", c, band.Seq, off, top)
+			}
+			top += band.Size
+		}
+	}
+}
+
+func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
+	f := newFixture(t, Options{})
+	tr := f.trace
+	var l layoutJSON
+	mid := (tr.FirstUS + tr.LastUS) / 2
+	f.getJSON(t, "/api/traces/"+f.id+"/layout?t="+itoa(mid), &l)
+	if l.SegmentCount == 0 || len(l.Segments) != segCols*l.SegmentCount || len(l.Blocks) != blockCols*l.BlockCount {
+		t.Fatalf("layout: %d segments (%d values), %d blocks (%d values)", l.SegmentCount, len(l.Segments), l.BlockCount, len(l.Blocks))
+	}
+	var reserved, allocated int64
+	for i := 0; i < len(l.Segments); i += segCols {
+		reserved += l.Segments[i+1]
+	}
+	for i := 0; i < len(l.Blocks); i += blockCols {
+		if l.Blocks[i+3] == 1 {
+			allocated += l.Blocks[i+1]
+		}
+	}
+	if uint64(reserved) != l.Figures.Reserved || uint64(allocated) != l.Figures.Allocated {
+		t.Fatalf("blocks sum to %d reserved, %d allocated; figures say %+v", reserved, allocated, l.Figures)
+	}
+	// At the end the replayed statistics are the allocator's own, except
+	// the cumulative columns of non-releasable memory (see summary.go).
+	got := string(f.get(t, "/api/traces/"+f.id+"/summary?t="+itoa(tr.LastUS), http.StatusOK))
+	gl, wl := strings.Split(got, "\n"), strings.Split(f.final, "\n")
+	if len(gl) != len(wl) {
+		t.Fatalf("summary has %d lines, want %d:\n%s", len(gl), len(wl), got)
+	}
+	inactive := 0
+	for i := range gl {
+		if strings.Contains(wl[i], "Non-releasable") {
+			inactive = 3
+		}
+		if inactive > 0 {
+			inactive--
+			if cols(gl[i], 3) != cols(wl[i], 3) {
+				t.Errorf("line %d: got %q, want %q", i, gl[i], wl[i])
+			}
+			continue
+		}
+		if gl[i] != wl[i] {
+			t.Errorf("line %d:\n got %q\nwant %q", i, gl[i], wl[i])
+		}
+	}
+}
+
+// cols returns the first n |-separated fields of a summary line.
+func cols(line string, n int) string {
+	f := strings.Split(line, "|")
+	return strings.Join(f[:min(n, len(f))], "|")
+}
+
+func TestAllocationEventsAndStack(t *testing.T) {
+	f := newFixture(t, Options{})
+	var l layoutJSON
+	f.getJSON(t, "/api/traces/"+f.id+"/layout?t="+itoa((f.trace.FirstUS+f.trace.LastUS)/2), &l)
+	var seq int64 = -1
+	for i := 0; i < len(l.Blocks); i += blockCols {
+		if l.Blocks[i+3] == 1 && l.Blocks[i+1] == 96<<20 {
+			seq = l.Blocks[i+4]
+		}
+	}
+	if seq < 0 {
+		t.Fatal("the 96 MiB parameter is not in the layout")
+	}
+	var a allocationJSON
+	f.getJSON(t, "/api/traces/"+f.id+"/allocations/"+itoa(seq), &a)
+	if a.Size != 96<<20 || len(a.Frames) != 1 || a.Frames[0].Name != xssFrame {
+		t.Fatalf("allocation = %+v", a)
+	}
+	if len(a.Events) != 3 || a.Events[0].Action != "alloc" || a.Events[1].Action != "free_requested" || a.Events[2].Action != "free_completed" {
+		t.Fatalf("events = %+v", a.Events)
+	}
+	var st struct{ Frames []struct{ Name string } }
+	f.getJSON(t, "/api/traces/"+f.id+"/stacks/"+itoa(int64(a.Stack)), &st)
+	if len(st.Frames) != 1 || st.Frames[0].Name != xssFrame {
+		t.Fatalf("stack = %+v", st)
+	}
+	errorOf(t, f.get(t, "/api/traces/"+f.id+"/allocations/99999999", http.StatusNotFound))
+	var evs struct{ Events []eventJSON }
+	f.getJSON(t, "/api/traces/"+f.id+"/events?from=0&to=10", &evs)
+	if len(evs.Events) != 10 || evs.Events[0].Seq != 0 {
+		t.Fatalf("events = %+v", evs)
+	}
+}
+
+var scriptTag = regexp.MustCompile(`<script[^>]*>`)
+
+func TestPagesAreSafeAndCached(t *testing.T) {
+	f := newFixture(t, Options{})
+	for _, path := range []string{"/", "/traces/" + f.id} {
+		res, err := http.Get(f.srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		if res.StatusCode != 200 {
+			t.Fatalf("%s: %d", path, res.StatusCode)
+		}
+		h := res.Header
+		if !strings.Contains(h.Get("Content-Security-Policy"), "script-src 'self'") ||
+			!strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") ||
+			h.Get("X-Content-Type-Options") != "nosniff" {
+			t.Fatalf("%s: security headers %v", path, h)
+		}
+		for _, tag := range scriptTag.FindAllString(string(body), -1) {
+			if !strings.Contains(tag, `src="`+static.Prefix()) {
+				t.Fatalf("%s: inline or foreign script %s", path, tag)
+			}
+		}
+		if strings.Contains(string(body), xssFrame) || !strings.Contains(string(body), "&lt;img src=x onerror=alert(1)&gt;") {
+			t.Fatalf("%s: the trace name is not escaped", path)
+		}
+	}
+	f.get(t, "/traces/nope", http.StatusNotFound)
+
+	url := f.srv.URL + static.Prefix() + "view.js"
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	etag := res.Header.Get("ETag")
+	if res.StatusCode != 200 || etag == "" || !strings.Contains(res.Header.Get("Cache-Control"), "immutable") ||
+		!strings.HasPrefix(res.Header.Get("Content-Type"), "text/javascript") {
+		t.Fatalf("static: %d %v", res.StatusCode, res.Header)
+	}
+	req, _ := http.NewRequest("GET", url, nil)
+	req.Header.Set("If-None-Match", etag)
+	res, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotModified {
+		t.Fatalf("conditional GET: %d", res.StatusCode)
+	}
+	f.get(t, "/static/"+static.Version+"/nope.js", http.StatusNotFound)
+}
+
+func post(t *testing.T, url string, body io.Reader) (int, []byte) {
+	t.Helper()
+	res, err := http.Post(url, "application/octet-stream", body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, b
+}
+
+const snapshots = "../../shared/testdata/pytorch"
+
+func TestUploadAndDelete(t *testing.T) {
+	f := newFixture(t, Options{MaxUploadBytes: 3 << 20})
+	path := filepath.Join(snapshots, "oom_nonexpandable.json")
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Skipf("no snapshot: %v", err)
+	}
+	code, b := post(t, f.srv.URL+"/api/traces?name=oom_nonexpandable.json", bytes.NewReader(data))
+	if code != http.StatusCreated {
+		t.Fatalf("upload: %d %s", code, b)
+	}
+	var up uploadJSON
+	json.Unmarshal(b, &up)
+	if len(up.Traces) == 0 || up.URL != "/traces/"+up.Traces[0].ID || up.Traces[0].Source != store.SourceSnapshot {
+		t.Fatalf("upload = %s", b)
+	}
+	f.get(t, up.URL, http.StatusOK)
+
+	code, b = post(t, f.srv.URL+"/api/traces?name=x", strings.NewReader("hello, not a pickle"))
+	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, b), "snapshot") {
+		t.Fatalf("bad upload: %d %s", code, b)
+	}
+	code, b = post(t, f.srv.URL+"/api/traces", bytes.NewReader(make([]byte, 4<<20)))
+	if code != http.StatusRequestEntityTooLarge {
+		t.Fatalf("large upload: %d %s", code, b)
+	}
+	errorOf(t, b)
+	if traces, _ := f.db.Traces(); len(traces) != 1+len(up.Traces) {
+		t.Fatalf("refused uploads left traces: %d", len(traces))
+	}
+
+	req, _ := http.NewRequest("DELETE", f.srv.URL+"/api/traces/"+up.Traces[0].ID, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete: %d", res.StatusCode)
+	}
+	f.get(t, "/api/traces/"+up.Traces[0].ID, http.StatusNotFound)
+	res, _ = http.DefaultClient.Do(req)
+	res.Body.Close()
+	if res.StatusCode != http.StatusNotFound {
+		t.Fatalf("second delete: %d", res.StatusCode)
+	}
+}
+
+func TestTokenGuardsWrites(t *testing.T) {
+	f := newFixture(t, Options{Token: "s3cret"})
+	req, _ := http.NewRequest("DELETE", f.srv.URL+"/api/traces/"+f.id, nil)
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("delete without token: %d", res.StatusCode)
+	}
+	req.Header.Set("Authorization", "Bearer s3cret")
+	res, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		t.Fatalf("delete with token: %d", res.StatusCode)
+	}
+}
+
+func itoa(n int64) string { return strconvI(n) }
