@@ -1,0 +1,183 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"time"
+
+	"vramscope/gpu"
+	"vramscope/pytorch"
+	"vramscope/store"
+)
+
+func init() {
+	register("import", "import a PyTorch memory snapshot (pickle, JSON or gzip) into the database", runImport)
+}
+
+// importFigures is one device's line of import --json, at snapshot time.
+type importFigures struct {
+	Device    int    `json:"device"`
+	Segments  int    `json:"segments"`
+	Blocks    int    `json:"blocks"`
+	Events    int    `json:"events"`
+	Allocated uint64 `json:"allocated_bytes"`
+	Reserved  uint64 `json:"reserved_bytes"`
+	OOMs      int    `json:"ooms"`
+	TraceID   string `json:"trace_id,omitempty"`
+}
+
+func runImport(args []string, stdout, stderr io.Writer) error {
+	fs := newFlags("import", stderr)
+	name := fs.String("name", "", "trace name (default: the file name, plus the device)")
+	dbPath := fs.String("db", defaultDB, "SQLite database")
+	device := fs.Int("device", -1, "import only this device (default: every device with a trace or segments)")
+	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
+	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vramscope import FILE [--name N] [--db PATH] [--device N] [--dry-run] [--json]")
+		fs.PrintDefaults()
+	}
+	pos, err := parseArgs(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usagef("want one FILE, got %d arguments", len(pos))
+	}
+	path := pos[0]
+	f, err := os.Open(path)
+	if err != nil {
+		return inputError{err}
+	}
+	defer f.Close()
+	var r io.Reader = f
+	if st, err := f.Stat(); err == nil && st.Size() > 32<<20 {
+		r = &progressReader{r: f, total: st.Size(), w: stderr, name: filepath.Base(path)}
+	}
+	traces, err := pytorch.Decode(r)
+	if p, ok := r.(*progressReader); ok {
+		p.done()
+	}
+	if err != nil {
+		return inputError{fmt.Errorf("%s: %w", path, err)}
+	}
+	var chosen []*pytorch.Trace
+	for _, t := range traces {
+		if *device >= 0 && t.Device != *device {
+			continue
+		}
+		if *device < 0 && len(t.Events) == 0 && len(t.Final.Segments) == 0 {
+			continue
+		}
+		chosen = append(chosen, t)
+	}
+	if *device >= 0 && len(chosen) == 0 {
+		return inputError{fmt.Errorf("%s: no device %d in the snapshot", path, *device)}
+	}
+	out := make([]importFigures, len(chosen))
+	for i, t := range chosen {
+		fg := t.Final.Figures()
+		out[i] = importFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
+			Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
+		for _, m := range t.Mismatches {
+			fmt.Fprintf(stderr, "vramscope import: device %d: %v\n", t.Device, &m)
+		}
+	}
+	if !*dryRun && len(chosen) > 0 {
+		db, err := store.Open(*dbPath)
+		if err != nil {
+			return err
+		}
+		defer db.Close()
+		for i, t := range chosen {
+			n := *name
+			if n == "" {
+				n = filepath.Base(path)
+			}
+			if len(chosen) > 1 || t.Device != 0 {
+				n = fmt.Sprintf("%s (device %d)", n, t.Device)
+			}
+			id, err := storeTrace(db, n, t)
+			if err != nil {
+				return err
+			}
+			out[i].TraceID = id
+		}
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"devices": out})
+	}
+	for _, o := range out {
+		fmt.Fprintf(stdout, "device %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
+			o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
+		if o.TraceID != "" {
+			fmt.Fprintf(stdout, ", trace %s", o.TraceID)
+		}
+		fmt.Fprintln(stdout)
+	}
+	return nil
+}
+
+// storeTrace writes one device's trace: the initial layout, then the
+// events with their stacks re-interned by the store.
+func storeTrace(db *store.DB, name string, t *pytorch.Trace) (string, error) {
+	w, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceSnapshot, DeviceOrdinal: t.Device,
+		Settings: t.Settings.Conf}, t.Initial)
+	if err != nil {
+		return "", err
+	}
+	// A new trace interns stacks from 1, so t's ids usually carry over;
+	// remap where they do not.
+	ids := make([]gpu.StackID, len(t.Stacks)+1)
+	for i, s := range t.Stacks {
+		ids[i+1] = w.Stack(s)
+	}
+	batch := make([]gpu.Event, 0, 4096)
+	for _, e := range t.Events {
+		e.Stack = ids[e.Stack]
+		if batch = append(batch, e); len(batch) == cap(batch) {
+			w.Emit(batch)
+			batch = batch[:0]
+		}
+	}
+	w.Emit(batch)
+	if err := w.Err(); err != nil {
+		w.Abort()
+		return "", err
+	}
+	if err := w.Close(store.StatusComplete); err != nil {
+		return "", err
+	}
+	return w.ID(), nil
+}
+
+// progressReader prints how far a big file has been read, on stderr.
+type progressReader struct {
+	r     io.Reader
+	w     io.Writer
+	name  string
+	total int64
+	read  int64
+	last  time.Time
+}
+
+func (p *progressReader) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.read += int64(n)
+	if now := time.Now(); now.Sub(p.last) > 500*time.Millisecond {
+		p.last = now
+		fmt.Fprintf(p.w, "\rreading %s: %d%%", p.name, p.read*100/p.total)
+	}
+	return n, err
+}
+
+func (p *progressReader) done() {
+	if !p.last.IsZero() {
+		fmt.Fprintf(p.w, "\rreading %s: done\n", p.name)
+	}
+}

@@ -1,0 +1,133 @@
+package pytorch
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// synthetic returns a ~100 MB synthetic snapshot, made once with python3
+// (testdata/gen_synthetic.py) and kept in the temp dir, never committed.
+func synthetic(b *testing.B) string {
+	path := filepath.Join(os.TempDir(), "vramscope-synthetic-450k.pickle")
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		b.Skip("python3 is needed to make the synthetic snapshot")
+	}
+	out, err := exec.Command("python3", "testdata/gen_synthetic.py", path+".tmp", "450000").CombinedOutput()
+	if err != nil {
+		b.Fatalf("gen_synthetic.py: %v\n%s", err, out)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		b.Fatal(err)
+	}
+	return path
+}
+
+func fileSize(b *testing.B, path string) int64 {
+	st, err := os.Stat(path)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st.Size()
+}
+
+// BenchmarkUnpickle100MB: the streaming decoder alone (trace entries
+// become events, frames lists stacks), reading from the file.
+func BenchmarkUnpickle100MB(b *testing.B) {
+	path := synthetic(b)
+	b.SetBytes(fileSize(b, path))
+	for b.Loop() {
+		f, err := os.Open(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, _, err := decodeValue(f, true); err != nil {
+			b.Fatal(err)
+		}
+		f.Close()
+	}
+}
+
+// BenchmarkDecode100MB: decode and convert (layouts, undo, replay).
+func BenchmarkDecode100MB(b *testing.B) {
+	path := synthetic(b)
+	b.SetBytes(fileSize(b, path))
+	for b.Loop() {
+		traces, err := DecodeFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n := len(traces[0].Mismatches); n != 0 {
+			b.Fatalf("%d mismatches: %v", n, &traces[0].Mismatches[0])
+		}
+	}
+	b.ReportMetric(peakRSS(b, path)/float64(fileSize(b, path)), "peakRSS/filesize")
+}
+
+// BenchmarkCPythonPickleLoad100MB: CPython's C pickle.load on the same
+// file, timed inside python3 (start-up excluded), for comparison.
+func BenchmarkCPythonPickleLoad100MB(b *testing.B) {
+	path := synthetic(b)
+	script := `
+import pickle, sys, time
+total = 0.0
+for _ in range(int(sys.argv[2])):
+    with open(sys.argv[1], "rb") as f:
+        t = time.perf_counter(); pickle.load(f); total += time.perf_counter() - t
+print(total)`
+	b.StopTimer()
+	out, err := exec.Command("python3", "-c", script, path, strconv.Itoa(b.N)).Output()
+	if err != nil {
+		b.Fatal(err)
+	}
+	secs, err := strconv.ParseFloat(strings.TrimSpace(string(out)), 64)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(secs*1e9/float64(b.N), "ns/op")
+}
+
+// peakRSS decodes path in a fresh process and returns its peak RSS.
+func peakRSS(b *testing.B, path string) float64 {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestPeakRSSChild$")
+	cmd.Env = append(os.Environ(), "VRAMSCOPE_PEAK_FILE="+path)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		b.Fatalf("child: %v\n%s", err, out)
+	}
+	var kb float64
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(line, "maxrss-kb "); ok {
+			kb, _ = strconv.ParseFloat(v, 64)
+		}
+	}
+	if kb == 0 {
+		b.Fatalf("child printed no maxrss:\n%s", out)
+	}
+	return kb * 1024
+}
+
+// TestPeakRSSChild is the child process of peakRSS; it does nothing in a
+// normal test run.
+func TestPeakRSSChild(t *testing.T) {
+	path := os.Getenv("VRAMSCOPE_PEAK_FILE")
+	if path == "" {
+		t.Skip("only run by BenchmarkDecode100MB")
+	}
+	traces, err := DecodeFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	fmt.Printf("maxrss-kb %d\n", ru.Maxrss)
+	fmt.Printf("events %d\n", len(traces[0].Events))
+}
