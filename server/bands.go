@@ -19,10 +19,10 @@ import (
 
 const (
 	// maxBands caps the bands of one answer; the rest fold into the small band.
-	maxBands = 3000
+	maxBands = 1500
 	// maxRuns caps the (column, offset) runs of one answer; past it the
 	// band count is halved until it fits.
-	maxRuns = 250_000
+	maxRuns = 40_000
 )
 
 // bandJSON is one allocation drawn as a band. Runs holds pairs

@@ -144,6 +144,7 @@ export class SegMap {
       ctx.strokeRect(x - 1, y - 1, w + 2, h + 2);
     }
     this.view.stats.drawMs.push(performance.now() - start);
+    this.view.stats.segmapMs.push(performance.now() - start);
   }
 
   /** Canvas coordinates of the middle of block index b (for tests and keyboard use). */

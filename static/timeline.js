@@ -95,6 +95,7 @@ export class Timeline {
     ctx.restore();
     this.drawAxes(ctx, pal, yMax, yOf);
     v.stats.drawMs.push(performance.now() - start);
+    v.stats.timelineMs.push(performance.now() - start);
   }
 
   yMax() {

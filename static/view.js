@@ -24,7 +24,7 @@ const view = {
   m0: num(q, "m0"),
   m1: num(q, "m1"),
   panel: ["selection", "cursor", "summary"].includes(q.get("panel")) ? q.get("panel") : "cursor",
-  stats: { fetchMs: [], drawMs: [], firstPaintMs: null },
+  stats: { fetchMs: [], drawMs: [], timelineMs: [], segmapMs: [], firstPaintMs: null },
 };
 if (!(view.t1 > view.t0)) { view.t0 = fullT0; view.t1 = fullT1; }
 window.vramscope = view; // for tests and the console
