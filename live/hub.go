@@ -1,0 +1,252 @@
+package live
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/gorilla/websocket"
+
+	"vramscope/store"
+)
+
+// Options tune a Hub; zero fields take the defaults.
+type Options struct {
+	// FlushEvery is how often ingest commits, acknowledges and tells
+	// viewers (100 ms): the bulk of the latency from event to page.
+	FlushEvery time.Duration
+	// PingPeriod, PongWait and WriteWait are the keepalive: a ping every
+	// PingPeriod (30 s); a peer silent for PongWait (60 s), or a write not
+	// done within WriteWait (10 s), is dropped.
+	PingPeriod, PongWait, WriteWait time.Duration
+	// MaxMessage caps one ingest message (32 MiB).
+	MaxMessage int64
+	Logger     *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.FlushEvery <= 0 {
+		o.FlushEvery = 100 * time.Millisecond
+	}
+	if o.PongWait <= 0 {
+		o.PongWait = 60 * time.Second
+	}
+	if o.PingPeriod <= 0 {
+		o.PingPeriod = o.PongWait / 2
+	}
+	if o.WriteWait <= 0 {
+		o.WriteWait = 10 * time.Second
+	}
+	if o.MaxMessage <= 0 {
+		o.MaxMessage = 32 << 20
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+}
+
+// Hub joins ingest streams to the viewers of their traces: one topic per
+// trace, written through the store's writer.
+type Hub struct {
+	db  *store.DB
+	opt Options
+	up  websocket.Upgrader
+
+	mu     sync.Mutex
+	topics map[string]*topic
+	conns  map[*websocket.Conn]struct{} // every open connection, for Close
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// NewHub returns a hub storing into db.
+func NewHub(db *store.DB, opt Options) *Hub {
+	opt.defaults()
+	return &Hub{db: db, opt: opt, topics: map[string]*topic{}, conns: map[*websocket.Conn]struct{}{},
+		up: websocket.Upgrader{ReadBufferSize: 64 << 10, WriteBufferSize: 4 << 10, WriteBufferPool: &sync.Pool{}}}
+}
+
+// Close drops every connection and waits for their handlers: ingest
+// streams leave their traces incomplete, to be resumed.
+func (h *Hub) Close() {
+	h.mu.Lock()
+	h.closed = true
+	for c := range h.conns {
+		c.Close()
+	}
+	h.mu.Unlock()
+	h.wg.Wait()
+}
+
+// track registers a connection for Close; false when the hub is closed.
+func (h *Hub) track(c *websocket.Conn) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return false
+	}
+	h.conns[c] = struct{}{}
+	h.wg.Add(1)
+	return true
+}
+
+func (h *Hub) untrack(c *websocket.Conn) {
+	h.mu.Lock()
+	delete(h.conns, c)
+	h.mu.Unlock()
+	c.Close()
+	h.wg.Done()
+}
+
+// topic is one trace's viewers and its current ingest stream.
+type topic struct {
+	id string
+
+	mu      sync.Mutex
+	viewers map[*viewer]struct{}
+	state   Tail
+	known   bool      // state holds something
+	ingest  *session  // the stream writing the trace, if any
+	samples []sample  // recent (time, events), for the rate
+	refs    int       // viewers and sessions holding the topic
+	claimed chan bool // closed when ingest is free; nil when it is
+}
+
+type sample struct {
+	at     time.Time
+	events int64
+}
+
+// topic returns the topic of trace id, holding a reference to it.
+func (h *Hub) topic(id string) *topic {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t := h.topics[id]
+	if t == nil {
+		t = &topic{id: id, viewers: map[*viewer]struct{}{}}
+		h.topics[id] = t
+	}
+	t.mu.Lock()
+	t.refs++
+	t.mu.Unlock()
+	return t
+}
+
+// release drops a reference; the last one removes the topic.
+func (h *Hub) release(t *topic) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	t.mu.Lock()
+	t.refs--
+	empty := t.refs == 0
+	t.mu.Unlock()
+	if empty && h.topics[t.id] == t {
+		delete(h.topics, t.id)
+	}
+}
+
+// Viewers counts the open viewers of trace id.
+func (h *Hub) Viewers(id string) int {
+	h.mu.Lock()
+	t := h.topics[id]
+	h.mu.Unlock()
+	if t == nil {
+		return 0
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.viewers)
+}
+
+// publish sets the trace's state and offers it to every viewer; it never
+// waits for one.
+func (t *topic) publish(s Tail) {
+	now := time.Now()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.samples = append(t.samples, sample{now, s.Events})
+	// The rate is over the last second or so of samples.
+	i := 0
+	for i < len(t.samples)-2 && now.Sub(t.samples[i+1].at) >= time.Second {
+		i++
+	}
+	t.samples = append(t.samples[:0], t.samples[i:]...)
+	if s.Status == store.StatusLive && len(t.samples) > 1 {
+		if dt := now.Sub(t.samples[0].at).Seconds(); dt > 0 {
+			s.Rate = float64(s.Events-t.samples[0].events) / dt
+		}
+	}
+	if s.Status != store.StatusLive {
+		t.samples = t.samples[:0]
+	}
+	s.Type, s.Trace = "tail", t.id
+	t.state, t.known = s, true
+	for v := range t.viewers {
+		v.offer(s)
+	}
+}
+
+// bearerOK says whether r carries token as "Authorization: Bearer TOKEN".
+func bearerOK(r *http.Request, token string) bool {
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+}
+
+func httpError(w http.ResponseWriter, code int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
+}
+
+// IngestHandler serves /ws/ingest. A non-empty token must come as
+// "Authorization: Bearer TOKEN"; without it the answer is 401 and nothing
+// is written.
+func (h *Hub) IngestHandler(token string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if token != "" && !bearerOK(r, token) {
+			httpError(w, http.StatusUnauthorized, "this server needs its token: send Authorization: Bearer TOKEN")
+			return
+		}
+		c, err := h.up.Upgrade(w, r, nil)
+		if err != nil {
+			return // the upgrader has answered
+		}
+		if !h.track(c) {
+			c.Close()
+			return
+		}
+		defer h.untrack(c)
+		h.ingest(c)
+	})
+}
+
+// ViewerHandler serves /ws/traces/{id}.
+func (h *Hub) ViewerHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := chi.URLParam(r, "id")
+		tr, err := h.db.Trace(id)
+		if errors.Is(err, store.ErrNotFound) {
+			httpError(w, http.StatusNotFound, "no trace "+id)
+			return
+		} else if err != nil {
+			httpError(w, http.StatusInternalServerError, err.Error())
+			return
+		}
+		c, err := h.up.Upgrade(w, r, nil)
+		if err != nil {
+			return
+		}
+		if !h.track(c) {
+			c.Close()
+			return
+		}
+		defer h.untrack(c)
+		h.view(c, tr)
+	})
+}

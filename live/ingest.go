@@ -1,0 +1,387 @@
+package live
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/gorilla/websocket"
+
+	"vramscope/gpu"
+	"vramscope/pytorch"
+	"vramscope/store"
+)
+
+// session is one ingest connection writing a trace.
+type session struct {
+	conn *websocket.Conn
+	done chan struct{} // closed once the session has closed its writer
+}
+
+// takeoverWait bounds how long a resuming stream waits for the stream it
+// replaces (a half-open connection the server had not noticed) to let go.
+const takeoverWait = 15 * time.Second
+
+// claim makes s the trace's ingest stream, ending the one before it.
+func (t *topic) claim(s *session) error {
+	t.mu.Lock()
+	old := t.ingest
+	t.ingest = s
+	t.mu.Unlock()
+	if old == nil {
+		return nil
+	}
+	old.conn.Close()
+	select {
+	case <-old.done:
+		return nil
+	case <-time.After(takeoverWait):
+		return fmt.Errorf("trace %s: the previous stream did not let go within %s", t.id, takeoverWait)
+	}
+}
+
+func (t *topic) unclaim(s *session) {
+	t.mu.Lock()
+	if t.ingest == s {
+		t.ingest = nil
+	}
+	t.mu.Unlock()
+}
+
+// stream is the state of one ingest connection.
+type stream struct {
+	h    *Hub
+	c    *websocket.Conn
+	w    *store.Writer
+	t    *topic
+	sess *session
+
+	mu    sync.Mutex // guards state, read by the flusher
+	state Tail
+	fresh bool // no event stored yet: the first may have any seq
+
+	ids    map[uint64]gpu.StackID // the client's stack ids to the writer's
+	defs   []StackDef
+	events []gpu.Event
+	own    []bool // per event: Stack is the writer's id already (inline frames)
+}
+
+// reject tells the client why and closes.
+func reject(c *websocket.Conn, wait time.Duration, format string, args ...any) {
+	c.SetWriteDeadline(time.Now().Add(wait))
+	if c.WriteJSON(reply{Type: "error", Error: fmt.Sprintf(format, args...)}) == nil {
+		c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.ClosePolicyViolation, ""))
+	}
+}
+
+// ingest runs one ingest connection.
+func (h *Hub) ingest(c *websocket.Conn) {
+	c.SetReadLimit(h.opt.MaxMessage)
+	c.SetReadDeadline(time.Now().Add(h.opt.PongWait))
+	c.SetPongHandler(func(string) error { return c.SetReadDeadline(time.Now().Add(h.opt.PongWait)) })
+	typ, msg, err := c.ReadMessage()
+	if err != nil {
+		return
+	}
+	var hi hello
+	if typ != websocket.TextMessage || json.Unmarshal(msg, &hi) != nil || hi.Type != "hello" {
+		reject(c, h.opt.WriteWait, `the first message must be {"type":"hello",...}`)
+		return
+	}
+	s := &stream{h: h, c: c, sess: &session{conn: c, done: make(chan struct{})}, ids: map[uint64]gpu.StackID{}}
+	defer close(s.sess.done)
+	var tr store.Trace
+	if tr, err = s.open(&hi); err != nil {
+		reject(c, h.opt.WriteWait, "%v", err)
+		return
+	}
+	defer h.release(s.t)
+	defer s.t.unclaim(s.sess)
+	s.state = Tail{Status: store.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+	s.fresh = tr.Events == 0
+	s.t.publish(s.state)
+
+	c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
+	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: tr.LastSeq, URL: "/traces/" + tr.ID}); err != nil {
+		s.finish(store.StatusIncomplete)
+		return
+	}
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go s.flusher(tr.LastSeq, stop, stopped)
+	end, status, perr := s.read()
+	close(stop)
+	<-stopped
+	switch {
+	case perr != nil:
+		s.finish(store.StatusIncomplete)
+		reject(c, h.opt.WriteWait, "%v", perr)
+	case end:
+		last := s.finish(status)
+		c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
+		if err := s.w.Err(); err != nil {
+			reject(c, h.opt.WriteWait, "%v", err)
+		} else if c.WriteJSON(reply{Type: "done", Trace: tr.ID, Seq: last.Seq}) == nil {
+			c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+		}
+	default:
+		s.finish(store.StatusIncomplete) // dropped: resumable
+	}
+}
+
+// open creates or resumes the trace the hello names.
+func (s *stream) open(hi *hello) (store.Trace, error) {
+	h := s.h
+	if hi.Trace != "" {
+		tr, err := h.db.Trace(hi.Trace)
+		if err != nil {
+			return tr, err
+		}
+		if tr.Source != store.SourceLive {
+			return tr, fmt.Errorf("trace %s is a %s trace; only live traces can be resumed", tr.ID, tr.Source)
+		}
+		s.t = h.topic(tr.ID)
+		if err := s.t.claim(s.sess); err != nil {
+			h.release(s.t)
+			return tr, err
+		}
+		w, _, err := h.db.ResumeTrace(tr.ID)
+		if err != nil {
+			s.t.unclaim(s.sess)
+			h.release(s.t)
+			return tr, err
+		}
+		s.w = w
+		tr, err = h.db.Trace(tr.ID)
+		return tr, err
+	}
+	meta := hi.Meta
+	meta.Source = store.SourceLive
+	if meta.Name == "" {
+		meta.Name = "live"
+	}
+	initial, stacks, err := initialLayout(hi.Snapshot, &meta)
+	if err != nil {
+		return store.Trace{}, err
+	}
+	w, err := h.db.CreateTrace(meta, initial)
+	if err != nil {
+		return store.Trace{}, err
+	}
+	// A new writer numbers distinct stacks 1..n in order, as the
+	// snapshot does, so the initial layout's stack ids stay right.
+	for _, st := range stacks {
+		w.Stack(st)
+	}
+	s.w = w
+	s.t = h.topic(w.ID())
+	s.t.claim(s.sess)
+	return h.db.Trace(w.ID())
+}
+
+// initialLayout reads the state before the first event from a PyTorch
+// snapshot in JSON form (its segments; its device_traces are ignored).
+func initialLayout(snap json.RawMessage, meta *store.TraceMeta) (*gpu.Layout, []gpu.Stack, error) {
+	if len(bytes.TrimSpace(snap)) == 0 || string(bytes.TrimSpace(snap)) == "null" {
+		return nil, nil, nil
+	}
+	traces, err := pytorch.Decode(bytes.NewReader(snap))
+	if err != nil {
+		return nil, nil, fmt.Errorf("hello: snapshot: %w", err)
+	}
+	for _, t := range traces {
+		if meta.Settings == "" {
+			meta.Settings = t.Settings.Conf
+		}
+		if t.Device == meta.DeviceOrdinal {
+			return t.Final, t.Stacks, nil
+		}
+	}
+	if len(traces) > 0 {
+		return gpu.NewLayout(traces[0].Settings.Rules), nil, nil
+	}
+	return nil, nil, nil
+}
+
+// read takes messages until the client ends the stream (end true, with
+// its status), the connection drops (all zero) or the client breaks the
+// protocol (perr).
+func (s *stream) read() (end bool, status store.Status, perr error) {
+	c := s.c
+	for {
+		typ, msg, err := c.ReadMessage()
+		if err != nil {
+			return false, "", nil
+		}
+		c.SetReadDeadline(time.Now().Add(s.h.opt.PongWait))
+		s.defs, s.events, s.own = s.defs[:0], s.events[:0], s.own[:0]
+		switch typ {
+		case websocket.BinaryMessage:
+			s.defs, s.events, err = ParseBatch(msg, s.defs, s.events)
+			if err != nil {
+				return false, "", err
+			}
+			for range s.events {
+				s.own = append(s.own, false)
+			}
+		case websocket.TextMessage:
+			var b jsonBatch
+			if err := json.Unmarshal(msg, &b); err != nil {
+				return false, "", fmt.Errorf("message: %v", err)
+			}
+			switch b.Type {
+			case "end":
+				switch st := store.Status(b.Status); st {
+				case "", store.StatusComplete:
+					return true, store.StatusComplete, nil
+				case store.StatusFailed, store.StatusIncomplete:
+					return true, st, nil
+				default:
+					return false, "", fmt.Errorf("end: status %q is not complete, failed or incomplete", b.Status)
+				}
+			case "events":
+				if err := s.fromJSON(&b); err != nil {
+					return false, "", err
+				}
+			default:
+				return false, "", fmt.Errorf("unknown message type %q", b.Type)
+			}
+		}
+		if err := s.store(); err != nil {
+			return false, "", err
+		}
+	}
+}
+
+// fromJSON turns a text batch into s.defs and s.events.
+func (s *stream) fromJSON(b *jsonBatch) error {
+	for k, frames := range b.Stacks {
+		id, err := strconv.ParseUint(k, 10, 64)
+		if err != nil || id == 0 {
+			return fmt.Errorf("stacks: id %q is not a positive integer", k)
+		}
+		s.defs = append(s.defs, StackDef{id, frames})
+	}
+	for i := range b.Events {
+		je := &b.Events[i]
+		a, ok := gpu.ParseAction(je.Action)
+		if !ok {
+			// An action this version does not know (PyTorch adds some)
+			// is skipped; its seq still counts.
+			a = gpu.ActionNone
+		}
+		e := gpu.Event{Seq: je.Seq, TimeUS: je.TimeUS, Action: a, Addr: je.Addr, Size: je.Size,
+			Stream: je.Stream, DeviceFree: je.DeviceFree, Stack: gpu.StackID(je.Stack)}
+		if len(je.Frames) > 0 {
+			e.Stack = s.w.Stack(je.Frames)
+		}
+		s.events = append(s.events, e)
+		s.own = append(s.own, len(je.Frames) > 0)
+	}
+	return nil
+}
+
+// store checks and writes s.defs and s.events.
+func (s *stream) store() error {
+	for _, d := range s.defs {
+		s.ids[d.ID] = s.w.Stack(d.Frames)
+	}
+	s.mu.Lock()
+	st := s.state
+	fresh := s.fresh
+	s.mu.Unlock()
+	kept := s.events[:0]
+	for i, e := range s.events {
+		if !fresh && e.Seq <= st.Seq {
+			continue // sent again after a reconnect: stored already
+		}
+		if !fresh && e.Seq != st.Seq+1 {
+			return fmt.Errorf("event %d follows %d: sequence numbers must follow one another", e.Seq, st.Seq)
+		}
+		fresh = false
+		st.Seq = e.Seq
+		if e.Action == gpu.ActionNone {
+			continue
+		}
+		if e.Stack != 0 && !s.own[i] {
+			id, ok := s.ids[uint64(e.Stack)]
+			if !ok {
+				return fmt.Errorf("event %d: stack %d was not defined on this connection", e.Seq, e.Stack)
+			}
+			e.Stack = id
+		}
+		if st.Events == 0 {
+			st.FirstUS = e.TimeUS
+		}
+		st.Events++
+		st.LastUS = max(st.LastUS, e.TimeUS)
+		kept = append(kept, e)
+	}
+	if len(kept) > 0 {
+		s.w.Emit(kept)
+		if err := s.w.Err(); err != nil {
+			return err
+		}
+	}
+	s.mu.Lock()
+	s.state, s.fresh = st, fresh
+	s.mu.Unlock()
+	return nil
+}
+
+// flusher commits every FlushEvery, then tells viewers and acknowledges;
+// it is the connection's only writer until it stops.
+func (s *stream) flusher(flushed int64, stop <-chan struct{}, stopped chan<- struct{}) {
+	defer close(stopped)
+	tick := time.NewTicker(s.h.opt.FlushEvery)
+	defer tick.Stop()
+	ping := time.NewTicker(s.h.opt.PingPeriod)
+	defer ping.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-ping.C:
+			if s.c.WriteControl(websocket.PingMessage, nil, time.Now().Add(s.h.opt.WriteWait)) != nil {
+				s.c.Close()
+				return
+			}
+		case <-tick.C:
+			s.mu.Lock()
+			st := s.state
+			s.mu.Unlock()
+			if st.Seq == flushed {
+				continue
+			}
+			if err := s.w.Flush(); err != nil {
+				s.c.Close() // the reader stops and reports the writer's error
+				return
+			}
+			flushed = st.Seq
+			s.t.publish(st)
+			s.c.SetWriteDeadline(time.Now().Add(s.h.opt.WriteWait))
+			if s.c.WriteJSON(reply{Type: "ack", Seq: st.Seq}) != nil {
+				s.c.Close()
+				return
+			}
+		}
+	}
+}
+
+// finish closes the writer with status and tells the viewers.
+func (s *stream) finish(status store.Status) Tail {
+	err := s.w.Close(status)
+	s.mu.Lock()
+	st := s.state
+	s.mu.Unlock()
+	if tr, terr := s.h.db.Trace(s.w.ID()); terr == nil {
+		st.Status, st.Seq, st.Events, st.FirstUS, st.LastUS = tr.Status, tr.LastSeq, tr.Events, tr.FirstUS, tr.LastUS
+	} else if err != nil || errors.Is(terr, store.ErrNotFound) {
+		st.Status = store.StatusFailed
+	}
+	s.t.publish(st)
+	return st
+}

@@ -1,0 +1,562 @@
+package live
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/gorilla/websocket"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// testServer is a real server on 127.0.0.1 over a real database.
+type testServer struct {
+	db  *store.DB
+	hub *Hub
+	srv *httptest.Server
+}
+
+func newTestServer(t testing.TB, token string, opt Options) *testServer {
+	t.Helper()
+	db, err := store.Open(t.TempDir() + "/live.db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub := NewHub(db, opt)
+	r := chi.NewRouter()
+	r.Method(http.MethodGet, "/ws/ingest", hub.IngestHandler(token))
+	r.Method(http.MethodGet, "/ws/traces/{id}", hub.ViewerHandler())
+	srv := httptest.NewServer(r)
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		hub.Close()
+		srv.Close()
+		db.Close()
+	})
+	return &testServer{db, hub, srv}
+}
+
+// workload is a real allocator run: its events and stacks.
+type workload struct {
+	events []gpu.Event
+	stacks []gpu.Stack
+}
+
+func (w *workload) Stack(s gpu.Stack) gpu.StackID {
+	w.stacks = append(w.stacks, s)
+	return gpu.StackID(len(w.stacks))
+}
+
+var (
+	trainOnce sync.Once
+	trainRun  workload
+)
+
+// train runs a small training loop through the caching allocator once.
+func train(t testing.TB) *workload {
+	trainOnce.Do(func() {
+		clk := &tracer.Clock{}
+		a, err := caching.New(sim.New(80<<30), caching.Config{Rules: gpu.DefaultRules()}, caching.WithClock(clk.Now),
+			caching.WithSink(gpu.SinkFunc(func(b []gpu.Event) { trainRun.events = append(trainRun.events, b...) })))
+		if err != nil {
+			panic(err)
+		}
+		w := tracer.DefaultTrain()
+		w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 6, 512, 8192, 4, 256, 30
+		if err := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: &trainRun}); err != nil {
+			panic(err)
+		}
+	})
+	if len(trainRun.events) < 1000 {
+		t.Fatalf("the workload made only %d events", len(trainRun.events))
+	}
+	return &trainRun
+}
+
+// send streams w's events through c in batches of n, defining stacks as a
+// tracer would.
+func send(c *Client, w *workload, n int) {
+	for _, s := range w.stacks {
+		c.Stack(s)
+	}
+	for i := 0; i < len(w.events); i += n {
+		c.Emit(w.events[i:min(i+n, len(w.events))])
+	}
+}
+
+// checkStored says whether the trace holds exactly w's events, in order.
+func checkStored(t *testing.T, db *store.DB, id string, w *workload) {
+	t.Helper()
+	tr, err := db.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Events(id, 0, int64(len(w.events)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Events != int64(len(w.events)) || len(got) != len(w.events) {
+		t.Fatalf("stored %d events (trace says %d), sent %d", len(got), tr.Events, len(w.events))
+	}
+	for i, e := range got {
+		want := w.events[i]
+		if e.Seq != want.Seq || e.Action != want.Action || e.Addr != want.Addr || e.Size != want.Size || e.TimeUS != want.TimeUS {
+			t.Fatalf("event %d: stored %v, sent %v", i, e, want)
+		}
+		if (e.Stack == 0) != (want.Stack == 0) {
+			t.Fatalf("event %d: stored stack %d, sent %d", i, e.Stack, want.Stack)
+		}
+		if want.Stack != 0 && i%97 == 0 {
+			st, err := db.Stack(id, e.Stack)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ws := w.stacks[want.Stack-1]; len(st) != len(ws) || st[0] != ws[0] {
+				t.Fatalf("event %d: stored stack %v, sent %v", i, st, ws)
+			}
+		}
+	}
+}
+
+func TestStreamComplete(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	w := train(t)
+	c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: store.TraceMeta{Name: "job", DeviceName: "sim", Capacity: 80 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ts.db.Trace(c.TraceID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Status != store.StatusLive || tr.Source != store.SourceLive || tr.Name != "job" {
+		t.Fatalf("while streaming: %+v", tr)
+	}
+	send(c, w, 1000)
+	if err := c.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Acked(); got != w.events[len(w.events)-1].Seq {
+		t.Fatalf("acked %d, last event %d", got, w.events[len(w.events)-1].Seq)
+	}
+	checkStored(t, ts.db, c.TraceID(), w)
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != store.StatusComplete {
+		t.Fatalf("status %s after the end", tr.Status)
+	}
+}
+
+// proxy forwards TCP to the server; each connection's client-to-server
+// direction is cut after a byte budget, in the middle of whatever it is
+// carrying.
+type proxy struct {
+	ln      net.Listener
+	target  string
+	budgets chan int // one per connection; none left: no cut
+	cuts    atomic.Int32
+}
+
+func newProxy(t *testing.T, target string, budgets ...int) *proxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{ln: ln, target: target, budgets: make(chan int, len(budgets))}
+	for _, b := range budgets {
+		p.budgets <- b
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go p.serve(in)
+		}
+	}()
+	return p
+}
+
+func (p *proxy) serve(in net.Conn) {
+	out, err := net.Dial("tcp", p.target)
+	if err != nil {
+		in.Close()
+		return
+	}
+	budget := -1
+	select {
+	case budget = <-p.budgets:
+	default:
+	}
+	go func() { io.Copy(in, out); in.Close() }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := in.Read(buf)
+		if budget >= 0 && n > budget {
+			out.Write(buf[:budget])
+			p.cuts.Add(1)
+			in.Close()
+			out.Close()
+			return
+		}
+		if n > 0 {
+			if _, werr := out.Write(buf[:n]); werr != nil {
+				break
+			}
+			if budget >= 0 {
+				budget -= n
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	out.Close()
+	in.Close()
+}
+
+func TestResumeAfterCutMidBatch(t *testing.T) {
+	ts := newTestServer(t, "", Options{FlushEvery: 20 * time.Millisecond})
+	w := train(t)
+	// Cuts at odd byte counts land inside binary batches (each some
+	// tens of KiB), and the first inside the stack definitions.
+	p := newProxy(t, strings.TrimPrefix(ts.srv.URL, "http://"), 3001, 150_001, 77_777, 133_333, 12_345)
+	c, err := Dial("http://"+p.ln.Addr().String(), "", ClientOptions{MaxBatch: 3000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c, w, 700)
+	if err := c.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if n := p.cuts.Load(); n < 3 {
+		t.Fatalf("only %d connections were cut", n)
+	}
+	checkStored(t, ts.db, c.TraceID(), w)
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != store.StatusComplete {
+		t.Fatalf("status %s after the end", tr.Status)
+	}
+}
+
+func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	w := train(t)
+	half := len(w.events) / 2
+	c, err := Dial(ts.srv.URL, "", ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := &workload{events: w.events[:half], stacks: w.stacks}
+	send(c, first, 500)
+	id := c.TraceID()
+	// Wait for everything to be acknowledged, then drop the connection.
+	for c.Acked() < w.events[half-1].Seq {
+		time.Sleep(5 * time.Millisecond)
+	}
+	c.Abandon()
+	for {
+		tr, err := ts.db.Trace(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tr.Status == store.StatusIncomplete {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// A new client resumes it: the hello names the trace.
+	c2 := &Client{url: c.url, hdr: c.hdr, opt: c.opt, trace: id, known: map[string]uint64{}, defined: map[uint64]bool{},
+		done: make(chan struct{}), acked: -1}
+	c2.cond = sync.NewCond(&c2.mu)
+	conn, err := c2.connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	go c2.run(conn)
+	// Send everything again: what was stored is dropped, not doubled.
+	send(c2, w, 500)
+	if err := c2.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	checkStored(t, ts.db, id, w)
+}
+
+func TestWrongTokenStoresNothing(t *testing.T) {
+	ts := newTestServer(t, "s3cret", Options{})
+	for _, tok := range []string{"", "wrong"} {
+		_, err := Dial(ts.srv.URL, tok, ClientOptions{})
+		var fe *FatalError
+		if err == nil || !errorsAs(err, &fe) || !strings.Contains(err.Error(), "401") {
+			t.Fatalf("token %q: %v", tok, err)
+		}
+		// The raw handshake answer is 401.
+		hdr := http.Header{}
+		if tok != "" {
+			hdr.Set("Authorization", "Bearer "+tok)
+		}
+		_, resp, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.srv.URL, "http")+"/ws/ingest", hdr)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("token %q: handshake answered %v, %v", tok, resp, err)
+		}
+	}
+	if trs, err := ts.db.Traces(); err != nil || len(trs) != 0 {
+		t.Fatalf("after refused streams the database holds %d traces (%v)", len(trs), err)
+	}
+	c, err := Dial(ts.srv.URL, "s3cret", ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c, train(t), 2000)
+	if err := c.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func errorsAs(err error, target any) bool {
+	fe, ok := target.(**FatalError)
+	if !ok {
+		return false
+	}
+	for err != nil {
+		if f, ok := err.(*FatalError); ok {
+			*fe = f
+			return true
+		}
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return false
+		}
+		err = u.Unwrap()
+	}
+	return false
+}
+
+// viewerConn is a page's websocket.
+func viewerConn(t *testing.T, ts *testServer, id string) *websocket.Conn {
+	t.Helper()
+	conn, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.srv.URL, "http")+"/ws/traces/"+id, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+func readTail(t *testing.T, conn *websocket.Conn) Tail {
+	t.Helper()
+	var m Tail
+	conn.SetReadDeadline(time.Now().Add(30 * time.Second))
+	if err := conn.ReadJSON(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+func more(t *testing.T, conn *websocket.Conn) {
+	t.Helper()
+	if err := conn.WriteJSON(map[string]string{"type": "more"}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestViewersFollowAndSlowOneIsCoalesced(t *testing.T) {
+	ts := newTestServer(t, "", Options{FlushEvery: 5 * time.Millisecond})
+	w := train(t)
+	c, err := Dial(ts.srv.URL, "", ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := c.TraceID()
+	fast, slow := viewerConn(t, ts, id), viewerConn(t, ts, id)
+	for _, v := range []*websocket.Conn{fast, slow} {
+		if m := readTail(t, v); m.Type != "tail" || m.Trace != id || m.Status != store.StatusLive || m.Seq != -1 {
+			t.Fatalf("first message %+v", m)
+		}
+	}
+	for ts.hub.Viewers(id) < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	// The fast viewer asks for more after every message and follows
+	// the tail; the slow one reads nothing while ingest goes on.
+	var fastSeen []Tail
+	fastDone := make(chan struct{})
+	last := w.events[len(w.events)-1].Seq
+	go func() {
+		defer close(fastDone)
+		for {
+			more(t, fast)
+			m := readTail(t, fast)
+			fastSeen = append(fastSeen, m)
+			if m.Status != store.StatusLive {
+				return
+			}
+		}
+	}()
+	// Batches one at a time, each acknowledged (so published) before
+	// the next: every one is an update the slow viewer misses.
+	updates := 0
+	for _, s := range w.stacks {
+		c.Stack(s)
+	}
+	for i := 0; i < len(w.events); i += 400 {
+		b := w.events[i:min(i+400, len(w.events))]
+		c.Emit(b)
+		for c.Acked() < b[len(b)-1].Seq {
+			time.Sleep(time.Millisecond)
+		}
+		updates++
+	}
+	more(t, slow)
+	m := readTail(t, slow)
+	if m.Seq != last || m.Status != store.StatusLive {
+		t.Fatalf("slow viewer's update %+v, want seq %d live", m, last)
+	}
+	if m.Coalesced < updates-1 {
+		t.Fatalf("slow viewer's update folds %d updates, %d were published", m.Coalesced, updates)
+	}
+	if err := c.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	<-fastDone
+	prev := int64(-1)
+	for _, m := range fastSeen {
+		if m.Seq < prev {
+			t.Fatalf("fast viewer went back from %d to %d", prev, m.Seq)
+		}
+		prev = m.Seq
+	}
+	end := fastSeen[len(fastSeen)-1]
+	if end.Status != store.StatusComplete || end.Seq != last || end.Events != int64(len(w.events)) {
+		t.Fatalf("fast viewer's last update %+v", end)
+	}
+	if len(fastSeen) < 3 {
+		t.Fatalf("fast viewer saw %d updates", len(fastSeen))
+	}
+	more(t, slow)
+	if m := readTail(t, slow); m.Status != store.StatusComplete || m.Seq != last {
+		t.Fatalf("slow viewer's last update %+v", m)
+	}
+}
+
+func TestDeadViewerIsDropped(t *testing.T) {
+	ts := newTestServer(t, "", Options{PingPeriod: 20 * time.Millisecond, PongWait: 100 * time.Millisecond})
+	c, err := Dial(ts.srv.URL, "", ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(store.StatusComplete)
+	// A viewer that never reads never answers pings.
+	viewerConn(t, ts, c.TraceID())
+	for ts.hub.Viewers(c.TraceID()) == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	for ts.hub.Viewers(c.TraceID()) != 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestViewerOfUnknownTrace(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	_, resp, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(ts.srv.URL, "http")+"/ws/traces/nope", nil)
+	if err == nil || resp == nil || resp.StatusCode != http.StatusNotFound {
+		t.Fatalf("unknown trace: %v, %v", resp, err)
+	}
+}
+
+func TestJSONEventsAndRefusals(t *testing.T) {
+	ts := newTestServer(t, "", Options{})
+	url := "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest"
+	conn, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	must := func(v any) {
+		if err := conn.WriteJSON(v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(map[string]any{"type": "hello", "meta": map[string]any{"name": "py"}})
+	var r reply
+	if err := conn.ReadJSON(&r); err != nil || r.Type != "ready" || r.Seq != -1 {
+		t.Fatalf("ready: %+v %v", r, err)
+	}
+	frames := []map[string]any{{"name": "fwd", "filename": "model.py", "line": 12}}
+	must(map[string]any{"type": "events", "stacks": map[string]any{"5": frames}, "events": []map[string]any{
+		{"seq": 10, "time_us": 100, "action": "segment_alloc", "addr": 1 << 21, "size": 2 << 20, "stream": 0},
+		{"seq": 11, "time_us": 101, "action": "alloc", "addr": 1 << 21, "size": 1000, "stream": 0, "stack": 5},
+		{"seq": 12, "time_us": 102, "action": "annotate", "addr": 1 << 21, "size": 0, "stream": 0},
+		{"seq": 13, "time_us": 103, "action": "free_requested", "addr": 1 << 21, "size": 1000, "stream": 0, "frames": frames},
+	}})
+	// A gap is refused with a reason.
+	must(map[string]any{"type": "events", "events": []map[string]any{
+		{"seq": 20, "time_us": 110, "action": "free_completed", "addr": 1 << 21, "size": 1000, "stream": 0}}})
+	for {
+		if err := conn.ReadJSON(&r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Type == "error" {
+			break
+		}
+	}
+	if !strings.Contains(r.Error, "event 20 follows 13") {
+		t.Fatalf("gap refused with %q", r.Error)
+	}
+	id := ""
+	for id == "" {
+		trs, _ := ts.db.Traces()
+		for _, tr := range trs {
+			if tr.Status == store.StatusIncomplete {
+				id = tr.ID
+			}
+		}
+	}
+	evs, err := ts.db.Events(id, 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(evs) != 3 || evs[0].Seq != 10 || evs[2].Seq != 13 || evs[1].Stack == 0 || evs[1].Stack != evs[2].Stack {
+		t.Fatalf("stored %v", evs)
+	}
+}
+
+func TestBatchRoundTrip(t *testing.T) {
+	w := train(t)
+	defs := []StackDef{{3, w.stacks[0]}, {9, w.stacks[1]}}
+	buf := AppendBatch(nil, defs, w.events[:500])
+	gotDefs, got, err := ParseBatch(buf, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gotDefs) != 2 || gotDefs[1].ID != 9 || len(gotDefs[1].Frames) != len(w.stacks[1]) {
+		t.Fatalf("stacks %+v", gotDefs)
+	}
+	for i := range got {
+		if got[i] != w.events[i] {
+			t.Fatalf("event %d: %v, want %v", i, got[i], w.events[i])
+		}
+	}
+	for _, n := range []int{0, 1, len(buf) / 2, len(buf) - 1} {
+		if _, _, err := ParseBatch(buf[:n], nil, nil); err == nil {
+			t.Fatalf("a batch cut to %d of %d bytes parsed", n, len(buf))
+		}
+	}
+	b, _ := json.Marshal(Tail{})
+	if !strings.Contains(string(b), `"coalesced"`) {
+		t.Fatal(string(b))
+	}
+}

@@ -1,0 +1,251 @@
+// Package live streams a running job's allocator events to the server and
+// from there to every open page of that trace, as they happen.
+//
+// Ingest (GET /ws/ingest, a websocket; "Authorization: Bearer TOKEN" when the
+// server has a token). The client's first message is a text hello:
+//
+//	{"type":"hello","trace":"","meta":{...store.TraceMeta},"snapshot":{...}}
+//
+// An empty trace starts a new live trace (meta names it; snapshot, optional,
+// is a PyTorch snapshot in JSON form whose segments are the state before the
+// first event); a trace id resumes that trace after a dropped connection.
+// The server answers {"type":"ready","trace":ID,"seq":S,"url":"/traces/ID"}:
+// S is the last stored sequence number (-1 for none) and the client sends
+// the events after it. Events then come as text messages
+//
+//	{"type":"events","stacks":{"1":[frames]},"events":[{"seq":0,"time_us":..,
+//	 "action":"alloc","addr":..,"size":..,"stream":..,"stack":1}, ...]}
+//
+// (the events are PyTorch trace entries plus "seq"; an entry may carry its
+// own "frames" instead of a "stack") or as binary messages in the compact
+// form of AppendBatch. Stack ids are the client's own and hold for one
+// connection: after a reconnect the client defines them again. Sequence
+// numbers must follow one another without gaps; events at or below the last
+// stored one are dropped, so a resend after a reconnect never duplicates.
+// The server answers {"type":"ack","seq":N} whenever events up to N are
+// committed, ends with {"type":"done","seq":N} after the client's
+// {"type":"end","status":"complete"|"failed"}, and sends
+// {"type":"error","error":"..."} before closing on anything it refuses.
+// A connection that drops leaves the trace incomplete, ready to resume.
+//
+// Viewers (GET /ws/traces/{id}) get text messages
+//
+//	{"type":"tail","trace":ID,"status":"live","seq":N,"events":E,
+//	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..}
+//
+// each of which says everything a page needs to follow the tail (it then
+// fetches what it shows through the JSON API), so a newer one replaces an
+// older one unread: a viewer's queue is one slot, and C counts the updates
+// folded into the one sent. The server sends one message per credit: the
+// first comes with the connection, and the viewer sends {"type":"more"} when
+// it is ready for the next, so a slow page gets fewer, fresher updates and
+// never holds up ingest or other viewers.
+package live
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"vramscope/gpu"
+	"vramscope/store"
+)
+
+// hello is the ingest client's first message.
+type hello struct {
+	Type     string          `json:"type"`
+	Trace    string          `json:"trace,omitempty"`
+	Meta     store.TraceMeta `json:"meta"`
+	Snapshot json.RawMessage `json:"snapshot,omitempty"`
+}
+
+// reply is every message the server sends an ingest client.
+type reply struct {
+	Type  string `json:"type"`
+	Trace string `json:"trace,omitempty"`
+	Seq   int64  `json:"seq"`
+	URL   string `json:"url,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// jsonEvent is a PyTorch trace entry plus its sequence number.
+type jsonEvent struct {
+	Seq        int64     `json:"seq"`
+	TimeUS     int64     `json:"time_us"`
+	Action     string    `json:"action"`
+	Addr       uint64    `json:"addr"`
+	Size       uint64    `json:"size"`
+	Stream     int64     `json:"stream"`
+	DeviceFree uint64    `json:"device_free"`
+	Stack      uint64    `json:"stack"`
+	Frames     gpu.Stack `json:"frames"`
+}
+
+// jsonBatch is a text events message (and the text end message).
+type jsonBatch struct {
+	Type   string               `json:"type"`
+	Stacks map[string]gpu.Stack `json:"stacks"`
+	Events []jsonEvent          `json:"events"`
+	Status string               `json:"status"`
+}
+
+// Tail is the message viewers get.
+type Tail struct {
+	Type      string       `json:"type"` // "tail"
+	Trace     string       `json:"trace"`
+	Status    store.Status `json:"status"`
+	Seq       int64        `json:"seq"` // last event stored; -1 for none
+	Events    int64        `json:"events"`
+	FirstUS   int64        `json:"first_us"`
+	LastUS    int64        `json:"last_us"`
+	Rate      float64      `json:"rate"`      // events per second lately
+	Coalesced int          `json:"coalesced"` // updates folded into this one
+	SentMS    int64        `json:"sent_ms"`   // server clock, Unix ms
+}
+
+// StackDef is a stack the client defines for the ids its events use.
+type StackDef struct {
+	ID     uint64
+	Frames gpu.Stack
+}
+
+// batchVersion opens every binary batch.
+const batchVersion = 1
+
+// AppendBatch appends the binary form of stacks and events to buf: a version
+// byte, the stack definitions (uvarint id, uvarint length, JSON frames), then
+// the events, each as varint deltas of seq and time from the previous one
+// (from 0 for the first), the action and pool bytes, varint stream, and
+// uvarints addr, size, device_free, block_size and stack.
+func AppendBatch(buf []byte, stacks []StackDef, events []gpu.Event) []byte {
+	buf = append(buf, batchVersion)
+	buf = binary.AppendUvarint(buf, uint64(len(stacks)))
+	for _, s := range stacks {
+		b, _ := json.Marshal(s.Frames)
+		buf = binary.AppendUvarint(buf, s.ID)
+		buf = binary.AppendUvarint(buf, uint64(len(b)))
+		buf = append(buf, b...)
+	}
+	buf = binary.AppendUvarint(buf, uint64(len(events)))
+	var seq, us int64
+	for i := range events {
+		e := &events[i]
+		buf = binary.AppendVarint(buf, e.Seq-seq)
+		buf = binary.AppendVarint(buf, e.TimeUS-us)
+		seq, us = e.Seq, e.TimeUS
+		buf = append(buf, byte(e.Action), byte(e.Pool))
+		buf = binary.AppendVarint(buf, e.Stream)
+		buf = binary.AppendUvarint(buf, e.Addr)
+		buf = binary.AppendUvarint(buf, e.Size)
+		buf = binary.AppendUvarint(buf, e.DeviceFree)
+		buf = binary.AppendUvarint(buf, e.BlockSize)
+		buf = binary.AppendUvarint(buf, uint64(e.Stack))
+	}
+	return buf
+}
+
+var errShort = errors.New("batch ends early")
+
+// ParseBatch decodes a binary batch, appending to stacks and events.
+func ParseBatch(b []byte, stacks []StackDef, events []gpu.Event) ([]StackDef, []gpu.Event, error) {
+	r := byteReader{b: b}
+	if v := r.byte(); v != batchVersion {
+		return stacks, events, fmt.Errorf("binary batch version %d, want %d", v, batchVersion)
+	}
+	ns := r.uvarint()
+	if ns > uint64(len(b)) {
+		return stacks, events, fmt.Errorf("binary batch: %d stacks in %d bytes", ns, len(b))
+	}
+	for i := uint64(0); i < ns && r.err == nil; i++ {
+		id := r.uvarint()
+		n := r.uvarint()
+		raw := r.bytes(n)
+		if r.err != nil {
+			break
+		}
+		var s gpu.Stack
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return stacks, events, fmt.Errorf("binary batch: stack %d: %v", id, err)
+		}
+		stacks = append(stacks, StackDef{id, s})
+	}
+	ne := r.uvarint()
+	if ne > uint64(len(b)) {
+		return stacks, events, fmt.Errorf("binary batch: %d events in %d bytes", ne, len(b))
+	}
+	var seq, us int64
+	for i := uint64(0); i < ne && r.err == nil; i++ {
+		seq += r.varint()
+		us += r.varint()
+		e := gpu.Event{Seq: seq, TimeUS: us, Action: gpu.Action(r.byte()), Pool: gpu.Pool(r.byte())}
+		e.Stream = r.varint()
+		e.Addr = r.uvarint()
+		e.Size = r.uvarint()
+		e.DeviceFree = r.uvarint()
+		e.BlockSize = r.uvarint()
+		st := r.uvarint()
+		if st > 1<<32-1 {
+			return stacks, events, fmt.Errorf("binary batch: event %d: stack id %d out of range", seq, st)
+		}
+		e.Stack = gpu.StackID(st)
+		events = append(events, e)
+	}
+	if r.err != nil {
+		return stacks, events, fmt.Errorf("binary batch at byte %d: %w", r.off, r.err)
+	}
+	if r.off != len(b) {
+		return stacks, events, fmt.Errorf("binary batch: %d bytes left over", len(b)-r.off)
+	}
+	return stacks, events, nil
+}
+
+type byteReader struct {
+	b   []byte
+	off int
+	err error
+}
+
+func (r *byteReader) byte() byte {
+	if r.err != nil || r.off >= len(r.b) {
+		r.err = errShort
+		return 0
+	}
+	r.off++
+	return r.b[r.off-1]
+}
+
+func (r *byteReader) uvarint() uint64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Uvarint(r.b[r.off:])
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *byteReader) varint() int64 {
+	if r.err != nil {
+		return 0
+	}
+	v, n := binary.Varint(r.b[r.off:])
+	if n <= 0 {
+		r.err = errShort
+		return 0
+	}
+	r.off += n
+	return v
+}
+
+func (r *byteReader) bytes(n uint64) []byte {
+	if r.err != nil || n > uint64(len(r.b)-r.off) {
+		r.err = errShort
+		return nil
+	}
+	r.off += int(n)
+	return r.b[r.off-int(n) : r.off]
+}
