@@ -36,6 +36,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", -1, "import only this device (default: every device with a trace or segments)")
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
+	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope import FILE [--name N] [--db PATH] [--device N] [--dry-run] [--json]")
 		fs.PrintDefaults()
@@ -116,7 +117,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "device %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
 			o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
 		if o.TraceID != "" {
-			fmt.Fprintf(stdout, ", trace %s", o.TraceID)
+			fmt.Fprintf(stdout, ", trace %s: %s/traces/%s", o.TraceID, *addr, o.TraceID)
 		}
 		fmt.Fprintln(stdout)
 	}

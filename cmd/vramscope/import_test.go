@@ -1,0 +1,97 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vramscope/store"
+)
+
+var testdata = filepath.Join("..", "..", "..", "shared", "testdata", "pytorch")
+
+func TestImportJSONFigures(t *testing.T) {
+	code, out, errs := runCmd("import", filepath.Join(testdata, "expandable_oom_multigpu.pickle"), "--dry-run", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		Devices []struct {
+			Device, Segments, Blocks, Events, OOMs int
+			Allocated                              uint64 `json:"allocated_bytes"`
+			Reserved                               uint64 `json:"reserved_bytes"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	// PROVENANCE.md: segments d0 2, d1 8, d2 2; events [6445, 596, 882, 0]; the OOM on device 1.
+	if len(res.Devices) != 3 || res.Devices[1].Device != 1 || res.Devices[1].Segments != 8 || res.Devices[1].Events != 596 ||
+		res.Devices[1].OOMs != 1 || res.Devices[0].Events != 6445 || res.Devices[2].Events != 882 {
+		t.Errorf("figures %+v", res.Devices)
+	}
+	var reserved uint64
+	for _, d := range res.Devices {
+		reserved += d.Reserved
+	}
+	if reserved != 114628231168 {
+		t.Errorf("reserved %d", reserved)
+	}
+}
+
+func TestImportStoresTraces(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "i.db")
+	code, out, errs := runCmd("import", filepath.Join(testdata, "oom_nonexpandable.json"), "--db", db, "--name", "run 7")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if !strings.Contains(out, "device 0: 120 segments, 307 blocks, 1299 events") || !strings.Contains(out, "http://127.0.0.1:8080/traces/") {
+		t.Errorf("output %q", out)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	traces, _ := s.Traces()
+	if len(traces) != 1 || traces[0].Name != "run 7" || traces[0].Events != 1299 || traces[0].OOMs != 1 || traces[0].Source != store.SourceSnapshot {
+		t.Fatalf("traces %+v", traces)
+	}
+	l, _, err := s.LayoutAtSeq(traces[0].ID, traces[0].LastSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f := l.Figures(); f.Reserved != 22571646976 || f.Allocated != 22536960512 || f.Segments != 120 {
+		t.Errorf("final layout %+v", f)
+	}
+	if ins, _ := s.Incidents(traces[0].ID); len(ins) != 1 || ins[0].Size != 402653184 || ins[0].DeviceFree != 264634368 {
+		t.Errorf("incidents %+v", ins)
+	}
+}
+
+func TestImportRefusesHostileFile(t *testing.T) {
+	dir := t.TempDir()
+	evil := filepath.Join(dir, "evil.pickle")
+	// protocol 2: GLOBAL os system, then REDUCE
+	os.WriteFile(evil, []byte("\x80\x02cos\nsystem\nq\x00X\x05\x00\x00\x00touchq\x01\x85q\x02Rq\x03."), 0o644)
+	db := filepath.Join(dir, "e.db")
+	code, _, errs := runCmd("import", evil, "--db", db)
+	if code != 2 || !strings.Contains(errs, "GLOBAL") || !strings.Contains(errs, "offset 2") {
+		t.Errorf("exit %d: %s", code, errs)
+	}
+	if _, err := os.Stat(db); err == nil {
+		s, _ := store.Open(db)
+		defer s.Close()
+		if traces, _ := s.Traces(); len(traces) != 0 {
+			t.Errorf("a refused file left %d traces", len(traces))
+		}
+	}
+	trunc := filepath.Join(dir, "t.pickle")
+	data, _ := os.ReadFile(filepath.Join(testdata, "two_gpus_expandable_state_only.pickle"))
+	os.WriteFile(trunc, data[:len(data)/2], 0o644)
+	if code, _, errs := runCmd("import", trunc, "--dry-run"); code != 2 || !strings.Contains(errs, "byte offset") {
+		t.Errorf("truncated: exit %d: %s", code, errs)
+	}
+}
