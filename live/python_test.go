@@ -1,0 +1,127 @@
+package live_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/go-chi/chi/v5"
+
+	"vramscope/live"
+	"vramscope/pytorch"
+	"vramscope/server"
+	"vramscope/store"
+)
+
+func python(t *testing.T) string {
+	p, err := exec.LookPath("python3")
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("python3 is needed for the Python helper's tests")
+		}
+		t.Skip("no python3")
+	}
+	return p
+}
+
+// TestPythonWatch runs the Python helper, with entries from a real PyTorch
+// snapshot standing in for torch, against the real server; the driver cuts
+// the connection once in the middle of a message.
+func TestPythonWatch(t *testing.T) {
+	py := python(t)
+	snap := filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json")
+	if _, err := os.Stat(snap); err != nil {
+		snap = "/work/shared/testdata/pytorch/oom_nonexpandable.json"
+	}
+	traces, err := pytorch.DecodeFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := traces[0]
+	// The state before the first entry, as a snapshot the driver reads.
+	init := filepath.Join(t.TempDir(), "init.pickle")
+	f, err := os.Create(init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pytorch.Export(f, &pytorch.Trace{Device: 0, Final: want.Initial, Stacks: want.Stacks, Settings: want.Settings}); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+
+	db, err := store.Open(filepath.Join(t.TempDir(), "py.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	const token = "tok"
+	hub := live.NewHub(db, live.Options{})
+	defer hub.Close()
+	r := chi.NewRouter()
+	r.Method(http.MethodGet, "/ws/ingest", hub.IngestHandler(token))
+	r.Mount("/", server.New(server.Options{DB: db, Token: token}).Handler())
+	srv := httptest.NewServer(r)
+	defer srv.Close()
+
+	helper, _ := filepath.Abs("../pytorch/python")
+	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token)
+	out, err := cmd.CombinedOutput()
+	t.Logf("driver:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(out)
+	if !strings.Contains(text, "recording [100000]") {
+		t.Fatal("the helper did not turn recording on")
+	}
+	if !strings.Contains(text, "cut 1") {
+		t.Fatal("the connection was not cut")
+	}
+	var liveID, incident string
+	for _, line := range strings.Split(text, "\n") {
+		if s, ok := strings.CutPrefix(line, "traces "); ok {
+			liveID = s
+		}
+		if s, ok := strings.CutPrefix(line, "incidents "); ok {
+			incident = s
+		}
+	}
+	tr, err := db.Trace(liveID)
+	if err != nil {
+		t.Fatalf("live trace %q: %v", liveID, err)
+	}
+	if tr.Status != store.StatusComplete || tr.Source != store.SourceLive || tr.OOMs != 1 {
+		t.Fatalf("live trace %+v", tr)
+	}
+	got, err := db.Events(liveID, 0, 1<<40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want.Events) {
+		t.Fatalf("stored %d events, the snapshot has %d", len(got), len(want.Events))
+	}
+	for i, e := range got {
+		w := want.Events[i]
+		if e.Seq != int64(i) || e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.TimeUS != w.TimeUS || (e.Stack == 0) != (w.Stack == 0) {
+			t.Fatalf("event %d: stored %v, the snapshot has %v", i, e, w)
+		}
+	}
+	// The upload made a snapshot trace whose incident the link names.
+	all, err := db.Traces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up *store.Trace
+	for i := range all {
+		if all[i].Source == store.SourceSnapshot {
+			up = &all[i]
+		}
+	}
+	if up == nil || up.OOMs != 1 || incident != srv.URL+"/traces/"+up.ID+"/incidents/1" {
+		t.Fatalf("uploaded %+v, incident link %q", up, incident)
+	}
+}
