@@ -1,6 +1,7 @@
 package live_test
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -9,9 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/go-chi/chi/v5"
+	"github.com/gorilla/websocket"
 
-	"vramscope/live"
 	"vramscope/pytorch"
 	"vramscope/server"
 	"vramscope/store"
@@ -59,13 +59,18 @@ func TestPythonWatch(t *testing.T) {
 	}
 	defer db.Close()
 	const token = "tok"
-	hub := live.NewHub(db, live.Options{})
-	defer hub.Close()
-	r := chi.NewRouter()
-	r.Method(http.MethodGet, "/ws/ingest", hub.IngestHandler(token))
-	r.Mount("/", server.New(server.Options{DB: db, Token: token}).Handler())
-	srv := httptest.NewServer(r)
+	// The whole server, as vramscope serve runs it.
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Token: token, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()
+	resp, err := http.Get(srv.URL + "/vramscope_watch.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if src, _ := os.ReadFile("../pytorch/python/vramscope_watch.py"); resp.StatusCode != 200 || string(served) != string(src) {
+		t.Fatalf("GET /vramscope_watch.py: %s, %d bytes", resp.Status, len(served))
+	}
 
 	helper, _ := filepath.Abs("../pytorch/python")
 	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token)
@@ -123,5 +128,39 @@ func TestPythonWatch(t *testing.T) {
 	}
 	if up == nil || up.OOMs != 1 || incident != srv.URL+"/traces/"+up.ID+"/incidents/1" {
 		t.Fatalf("uploaded %+v, incident link %q", up, incident)
+	}
+}
+
+func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {
+	db, err := store.Open(filepath.Join(t.TempDir(), "t.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	for _, c := range []struct {
+		addr, token, send string
+		want              int
+	}{
+		{"0.0.0.0:8080", "", "", http.StatusUnauthorized},
+		{"0.0.0.0:8080", "k", "x", http.StatusUnauthorized},
+		{"0.0.0.0:8080", "k", "k", http.StatusSwitchingProtocols},
+		{"127.0.0.1:8080", "", "", http.StatusSwitchingProtocols},
+	} {
+		srv := httptest.NewServer(server.New(server.Options{DB: db, Token: c.token, Addr: c.addr}).Handler())
+		hdr := http.Header{}
+		if c.send != "" {
+			hdr.Set("Authorization", "Bearer "+c.send)
+		}
+		conn, resp, _ := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(srv.URL, "http")+"/ws/ingest", hdr)
+		if resp == nil || resp.StatusCode != c.want {
+			t.Errorf("%+v: answered %v", c, resp)
+		}
+		if conn != nil {
+			conn.Close()
+		}
+		srv.Close()
+	}
+	if trs, _ := db.Traces(); len(trs) != 0 {
+		t.Fatalf("%d traces stored", len(trs))
 	}
 }

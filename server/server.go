@@ -92,6 +92,7 @@ func New(opt Options) *Server {
 	})
 	// Uploads stream for as long as the file takes: no timeout, no compression.
 	r.With(s.requireToken).Post("/api/traces", s.apiUpload)
+	s.mountLive(r)
 
 	r.NotFound(s.notFound)
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {

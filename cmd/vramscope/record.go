@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -12,6 +13,7 @@ import (
 	"vramscope/gpu/caching"
 	"vramscope/gpu/cuda"
 	"vramscope/gpu/sim"
+	"vramscope/live"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -24,6 +26,8 @@ type recording struct {
 	Capacity uint64 // sim only
 	Conf     string
 	Source   store.Source
+	Live     string // also stream to the server at this URL (live watching)
+	Token    string // the server's token, for Live
 }
 
 type recorded struct {
@@ -99,12 +103,23 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if source == "" {
 		source = store.SourceTrace
 	}
-	w, err := db.CreateTrace(store.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
-		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+	meta := store.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
+		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}
+	w, err := db.CreateTrace(meta, gpu.NewLayout(cfg.Rules))
 	if err != nil {
 		return out, err
 	}
-	sink := &counter{next: w}
+	var local live.LocalSink = w
+	var stream *live.Client
+	if rec.Live != "" {
+		if stream, err = live.Dial(rec.Live, rec.Token, live.ClientOptions{Meta: meta}); err != nil {
+			w.Abort()
+			return out, err
+		}
+		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
+		local = stream.Tee(w)
+	}
+	sink := &counter{next: local}
 	clk := &tracer.Clock{}
 	now := clk.Now
 	if rec.Device == "cuda" {
@@ -116,7 +131,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 		w.Abort()
 		return out, err
 	}
-	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: w, Touch: touch}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch}
 
 	done := make(chan struct{})
 	if progress != nil {
@@ -151,10 +166,16 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 		out.Err = runErr
 		status = store.StatusFailed
 	}
+	if stream != nil {
+		// Every event reaches the server before the trace ends there.
+		if err := stream.Close(status); err != nil {
+			out.Notes = append(out.Notes, fmt.Sprintf("live stream: %v", err))
+		}
+	}
 	if err := w.Close(status); err != nil {
 		return out, err
 	}
-	out.Notes = env.Notes
+	out.Notes = append(out.Notes, env.Notes...)
 	out.Trace, err = db.Trace(w.ID())
 	return out, err
 }

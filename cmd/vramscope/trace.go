@@ -39,6 +39,8 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same trace")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
 	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
+	liveURL := fs.String("live", "", "also stream the events, as they happen, to the vramscope server at this URL")
+	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "the --live server's token (default $VRAMSCOPE_TOKEN)")
 
 	train := tracer.DefaultTrain()
 	fs.IntVar(&train.Layers, "layers", train.Layers, "train/serve-kv: transformer layers")
@@ -125,7 +127,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if *quiet {
 		progress = nil
 	}
-	res, err := record(ctx, db, recording{Name: *name, Workload: w, Device: *device, Capacity: capBytes, Conf: *conf}, progress)
+	res, err := record(ctx, db, recording{Name: *name, Workload: w, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}, progress)
 	if err != nil {
 		return err
 	}

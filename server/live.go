@@ -1,0 +1,44 @@
+package server
+
+import (
+	"net"
+	"net/http"
+
+	"github.com/go-chi/chi/v5"
+
+	"vramscope/live"
+	"vramscope/pytorch/python"
+)
+
+// mountLive adds live watching: the ingest and viewer websockets, which
+// must sit outside the timeout and compression middleware, and the Python
+// helper a PyTorch job imports.
+func (s *Server) mountLive(r chi.Router) {
+	hub := live.NewHub(s.opt.DB, live.Options{Logger: s.log})
+	ingest := hub.IngestHandler(s.opt.Token)
+	if s.opt.Token == "" && !loopback(s.opt.Addr) {
+		// Beyond loopback anyone could write traces: ingest needs a token.
+		ingest = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			writeError(w, http.StatusUnauthorized, "this server listens beyond loopback without a token, so it takes no live streams: start it with --token")
+		})
+	}
+	r.Method(http.MethodGet, "/ws/ingest", ingest)
+	r.Method(http.MethodGet, "/ws/traces/{id}", hub.ViewerHandler())
+	r.Get("/"+python.FileName, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
+		w.Write(python.Source)
+	})
+}
+
+// loopback says whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
