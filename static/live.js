@@ -1,0 +1,131 @@
+// Live following for the trace page. follow(view) opens /ws/traces/{id};
+// while the trace is live the timeline window slides with the newest event,
+// the cursor (and so the segment map) sits on it, and a badge shows the
+// event rate. Panning, zooming or moving the cursor stops following, to look
+// back; the L key (or a click on the badge) follows again. Each message is
+// the whole tail state, so one that arrives late replaces those before it;
+// the page asks for the next only when it has handled this one, so a slow
+// page gets fewer, fresher updates instead of a backlog.
+
+const MIN_GAP_MS = 150; // at most ~6 updates a second, whatever the rate
+
+function fmtRate(r) {
+  if (r >= 1e6) return (r / 1e6).toFixed(1) + "M";
+  if (r >= 1e3) return (r / 1e3).toFixed(1) + "k";
+  return Math.round(r).toString();
+}
+
+/**
+ * Follows the tail of view's trace. view needs id, t0, t1, setWindow,
+ * setCursor and, for the window to grow past the trace's first end,
+ * extendTo(lastUS). Returns { stop, state } for tests and the console.
+ */
+export function follow(view, { badgeParent = document.getElementById("view"), key = "l" } = {}) {
+  const badge = document.createElement("button");
+  badge.type = "button";
+  badge.className = "live-badge";
+  badge.setAttribute("aria-live", "polite");
+  badgeParent?.prepend(badge);
+
+  const state = { following: true, status: "live", seq: -1, rate: 0, lastUS: null, updates: 0, stopped: false };
+  let ws = null, retry = 250, internal = false;
+
+  // The user's own moves stop following; ours do not.
+  const setWindow = view.setWindow, setCursor = view.setCursor;
+  view.setWindow = (...a) => { if (!internal) pause(); return setWindow(...a); };
+  view.setCursor = (...a) => { if (!internal) pause(); return setCursor(...a); };
+
+  function render() {
+    badge.dataset.status = state.status;
+    badge.dataset.following = state.following ? "1" : "0";
+    if (state.status !== "live") badge.textContent = state.status;
+    else if (state.following) badge.textContent = "● live · " + fmtRate(state.rate) + " events/s";
+    else badge.textContent = "❚❚ paused · press " + key.toUpperCase() + " to follow";
+    badge.title = state.following ? "following the newest events; pan or zoom to look back" : "follow the newest events (" + key.toUpperCase() + ")";
+  }
+
+  function pause() {
+    if (!state.following) return;
+    state.following = false;
+    render();
+  }
+
+  function jump() {
+    if (state.lastUS === null) return;
+    view.extendTo?.(state.lastUS);
+    const span = Math.max(10, view.t1 - view.t0);
+    internal = true;
+    try {
+      setWindow(state.lastUS - span * 0.95, state.lastUS + span * 0.05);
+      setCursor(state.lastUS);
+    } finally {
+      internal = false;
+    }
+  }
+
+  function resume() {
+    state.following = true;
+    render();
+    jump();
+  }
+
+  function onKey(e) {
+    if (e.key.toLowerCase() !== key || e.ctrlKey || e.metaKey || e.altKey) return;
+    if (e.target instanceof HTMLInputElement || e.target instanceof HTMLTextAreaElement) return;
+    e.preventDefault();
+    state.following ? pause() : resume();
+  }
+  document.addEventListener("keydown", onKey);
+  badge.addEventListener("click", () => (state.following ? pause() : resume()));
+
+  function connect() {
+    if (state.stopped) return;
+    const proto = location.protocol === "https:" ? "wss:" : "ws:";
+    ws = new WebSocket(`${proto}//${location.host}/ws/traces/${encodeURIComponent(view.id)}`);
+    let last = 0;
+    ws.onmessage = (ev) => {
+      const m = JSON.parse(ev.data);
+      if (m.type !== "tail") return;
+      retry = 250;
+      state.updates++;
+      state.status = m.status;
+      state.seq = m.seq;
+      state.rate = m.rate;
+      if (m.events > 0) state.lastUS = m.last_us;
+      view.extendTo?.(state.lastUS ?? m.last_us);
+      if (state.following && m.events > 0) jump();
+      render();
+      // Ask for the next once this one is drawn, and not too soon.
+      const wait = Math.max(0, MIN_GAP_MS - (performance.now() - last));
+      setTimeout(() => requestAnimationFrame(() => {
+        last = performance.now();
+        if (ws && ws.readyState === WebSocket.OPEN) ws.send('{"type":"more"}');
+      }), wait);
+    };
+    ws.onclose = () => {
+      ws = null;
+      // A live trace may come back (its job reconnects); a finished one
+      // has nothing more to say.
+      if (!state.stopped && state.status === "live") {
+        setTimeout(connect, retry);
+        retry = Math.min(retry * 2, 5000);
+      }
+    };
+  }
+
+  render();
+  connect();
+  return {
+    state,
+    resume,
+    pause,
+    stop() {
+      state.stopped = true;
+      document.removeEventListener("keydown", onKey);
+      view.setWindow = setWindow;
+      view.setCursor = setCursor;
+      ws?.close();
+      badge.remove();
+    },
+  };
+}
