@@ -16,14 +16,14 @@ import (
 // Block is a piece of a segment (PyTorch's struct Block).
 type Block struct {
 	// The fields the best-fit search reads come first, to share cache lines.
-	left, right *Block   // treap links (see blockSet)
-	k           blockKey // the set's key, fixed while in a set
-	stream      int64
-	size, addr  uint64
-	prio        uint32
-	allocated   bool
-	mapped      bool
-	inSet       *blockSet
+	k         blockKey // the set's key, fixed while in a set (see blockSet)
+	leaf      *bnode   // the set's leaf that holds the block
+	inSet     *blockSet
+	stream    int64
+	size      uint64
+	addr      uint64
+	allocated bool
+	mapped    bool
 
 	requested   uint64
 	pool        *blockPool
