@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
@@ -122,6 +123,7 @@ func TestPeakRSSChild(t *testing.T) {
 	if path == "" {
 		t.Skip("only run by BenchmarkDecode100MB")
 	}
+	debug.SetGCPercent(ImportGCPercent) // as vramscope import runs
 	traces, err := DecodeFile(path)
 	if err != nil {
 		t.Fatal(err)

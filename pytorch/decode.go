@@ -67,6 +67,12 @@ func sniff(br *bufio.Reader) (f Format, gz bool, err error) {
 	}
 }
 
+// ImportGCPercent is the garbage collector's target a process importing a
+// big snapshot should run with (debug.SetGCPercent): the decoded data is
+// about as large as the file, and Go's default of 100 lets the heap reach
+// twice the live data, so peak memory would pass twice the file size.
+const ImportGCPercent = 30
+
 // Decode reads a snapshot (pickle protocol 2 to 5, JSON, either gzipped)
 // and returns one trace per device it mentions, ordered by device.
 func Decode(r io.Reader) ([]*Trace, error) {
