@@ -19,7 +19,7 @@ import (
 // Options tune a Hub; zero fields take the defaults.
 type Options struct {
 	// FlushEvery is how often ingest commits, acknowledges and tells
-	// viewers (100 ms): the bulk of the latency from event to page.
+	// viewers (50 ms): the bulk of the latency from event to page.
 	FlushEvery time.Duration
 	// PingPeriod, PongWait and WriteWait are the keepalive: a ping every
 	// PingPeriod (30 s); a peer silent for PongWait (60 s), or a write not
@@ -32,7 +32,7 @@ type Options struct {
 
 func (o *Options) defaults() {
 	if o.FlushEvery <= 0 {
-		o.FlushEvery = 100 * time.Millisecond
+		o.FlushEvery = 50 * time.Millisecond
 	}
 	if o.PongWait <= 0 {
 		o.PongWait = 60 * time.Second
