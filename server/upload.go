@@ -45,6 +45,13 @@ func ImportSnapshot(db *store.DB, r io.Reader, name string) ([]string, error) {
 	if len(keep) == 0 {
 		return nil, &InputError{errors.New("the snapshot holds no segments and no trace events on any device")}
 	}
+	return StoreSnapshot(db, keep, name)
+}
+
+// StoreSnapshot stores decoded snapshot traces, one trace per device, named
+// name (plus the device when there are several). Nothing is kept when any
+// of them fails.
+func StoreSnapshot(db *store.DB, keep []*pytorch.Trace, name string) ([]string, error) {
 	var ws []*store.Writer
 	abort := func() {
 		for _, w := range ws {

@@ -6,10 +6,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
-	"vramscope/gpu"
 	"vramscope/pytorch"
+	"vramscope/server"
 	"vramscope/store"
 )
 
@@ -49,6 +50,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return usagef("want one FILE, got %d arguments", len(pos))
 	}
 	path := pos[0]
+	if os.Getenv("GOGC") == "" {
+		debug.SetGCPercent(pytorch.ImportGCPercent)
+	}
 	f, err := os.Open(path)
 	if err != nil {
 		return inputError{err}
@@ -93,18 +97,15 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer db.Close()
-		for i, t := range chosen {
-			n := *name
-			if n == "" {
-				n = filepath.Base(path)
-			}
-			if len(chosen) > 1 || t.Device != 0 {
-				n = fmt.Sprintf("%s (device %d)", n, t.Device)
-			}
-			id, err := storeTrace(db, n, t)
-			if err != nil {
-				return err
-			}
+		n := *name
+		if n == "" {
+			n = filepath.Base(path)
+		}
+		ids, err := server.StoreSnapshot(db, chosen, n)
+		if err != nil {
+			return err
+		}
+		for i, id := range ids {
 			out[i].TraceID = id
 		}
 	}
@@ -122,39 +123,6 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stdout)
 	}
 	return nil
-}
-
-// storeTrace writes one device's trace: the initial layout, then the
-// events with their stacks re-interned by the store.
-func storeTrace(db *store.DB, name string, t *pytorch.Trace) (string, error) {
-	w, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceSnapshot, DeviceOrdinal: t.Device,
-		Settings: t.Settings.Conf}, t.Initial)
-	if err != nil {
-		return "", err
-	}
-	// A new trace interns stacks from 1, so t's ids usually carry over;
-	// remap where they do not.
-	ids := make([]gpu.StackID, len(t.Stacks)+1)
-	for i, s := range t.Stacks {
-		ids[i+1] = w.Stack(s)
-	}
-	batch := make([]gpu.Event, 0, 4096)
-	for _, e := range t.Events {
-		e.Stack = ids[e.Stack]
-		if batch = append(batch, e); len(batch) == cap(batch) {
-			w.Emit(batch)
-			batch = batch[:0]
-		}
-	}
-	w.Emit(batch)
-	if err := w.Err(); err != nil {
-		w.Abort()
-		return "", err
-	}
-	if err := w.Close(store.StatusComplete); err != nil {
-		return "", err
-	}
-	return w.ID(), nil
 }
 
 // progressReader prints how far a big file has been read, on stderr.
