@@ -16,7 +16,7 @@ import (
 func (s *Server) mountLive(r chi.Router) {
 	hub := live.NewHub(s.opt.DB, live.Options{Logger: s.log})
 	ingest := hub.IngestHandler(s.opt.Token)
-	if s.opt.Token == "" && !loopback(s.opt.Addr) {
+	if s.opt.Token == "" && !Loopback(s.opt.Addr) {
 		// Beyond loopback anyone could write traces: ingest needs a token.
 		ingest = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusUnauthorized, "this server listens beyond loopback without a token, so it takes no live streams: start it with --token")
@@ -30,8 +30,8 @@ func (s *Server) mountLive(r chi.Router) {
 	})
 }
 
-// loopback says whether addr (host:port) listens on loopback only.
-func loopback(addr string) bool {
+// Loopback reports whether addr (host:port) listens on loopback only.
+func Loopback(addr string) bool {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return false

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -22,7 +24,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve", stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback by default)")
 	dbPath := fs.String("db", "vramscope.db", "SQLite database")
-	token := fs.String("token", "", "require this bearer token for uploads and deletes")
+	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "bearer token required of uploads, deletes and live ingest (default $VRAMSCOPE_TOKEN; made up when listening beyond loopback)")
 	maxUpload := fs.String("max-upload", "4GiB", "largest snapshot upload accepted")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE]")
@@ -38,6 +40,11 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	limit, err := gpu.ParseBytes(*maxUpload)
 	if err != nil {
 		return usagef("--max-upload: %v", err)
+	}
+	if *token == "" && !server.Loopback(*addr) {
+		// Beyond loopback anyone could write: make up a token and say it.
+		*token = rand.Text()
+		fmt.Fprintf(stderr, "vramscope: listening beyond loopback, so uploads and live ingest need a token: %s\n(choose one with --token or VRAMSCOPE_TOKEN)\n", *token)
 	}
 	db, err := store.Open(*dbPath)
 	if err != nil {
