@@ -192,19 +192,34 @@ func (l *Layout) Apply(e Event) error {
 		}
 		b.State = BlockPendingFree
 	case ActionFreeCompleted:
-		si := l.segmentAt(e.Addr)
-		if si < 0 {
-			return mismatch(e, "no segment holds the address")
-		}
-		s := &l.Segments[si]
-		j := blockAt(s, e.Addr)
-		if j < 0 || s.Blocks[j].Addr != e.Addr || s.Blocks[j].State == BlockFree {
-			return mismatch(e, "no live block starts there")
-		}
-		s.Blocks[j].State = BlockFree
-		s.Blocks[j].Requested = 0
-		s.mergeFree(j)
+		return l.release(e, func(b *Block) error {
+			if b.State == BlockFree {
+				return mismatch(e, "no live block starts there")
+			}
+			return nil
+		})
 	}
+	return nil
+}
+
+// release frees the block starting at e.Addr, after check approves it, and
+// merges it with free neighbours.
+func (l *Layout) release(e Event, check func(*Block) error) error {
+	si := l.segmentAt(e.Addr)
+	if si < 0 {
+		return mismatch(e, "no segment holds the address")
+	}
+	s := &l.Segments[si]
+	j := blockAt(s, e.Addr)
+	if j < 0 || s.Blocks[j].Addr != e.Addr {
+		return mismatch(e, "no block starts there")
+	}
+	if err := check(&s.Blocks[j]); err != nil {
+		return err
+	}
+	s.Blocks[j].State = BlockFree
+	s.Blocks[j].Requested = 0
+	s.mergeFree(j)
 	return nil
 }
 
@@ -222,22 +237,15 @@ func (l *Layout) Undo(e Event) error {
 	case ActionSegmentUnmap:
 		return l.addMapped(e)
 	case ActionAlloc:
-		si := l.segmentAt(e.Addr)
-		if si < 0 {
-			return mismatch(e, "no segment holds the address")
-		}
-		s := &l.Segments[si]
-		j := blockAt(s, e.Addr)
-		if j < 0 || s.Blocks[j].Addr != e.Addr || s.Blocks[j].State != BlockAllocated {
-			return mismatch(e, "no allocated block starts there")
-		}
-		if s.Blocks[j].Requested != e.Size {
-			return mismatch(e, "the block there was requested with %d bytes", s.Blocks[j].Requested)
-		}
-		s.Blocks[j].State = BlockFree
-		s.Blocks[j].Requested = 0
-		s.Blocks[j].Stack = 0
-		s.mergeFree(j)
+		return l.release(e, func(b *Block) error {
+			if b.State != BlockAllocated {
+				return mismatch(e, "no allocated block starts there")
+			}
+			if b.Requested != e.Size {
+				return mismatch(e, "the block there was requested with %d bytes", b.Requested)
+			}
+			return nil
+		})
 	case ActionFreeRequested:
 		b := l.BlockAt(e.Addr)
 		if b == nil || b.Addr != e.Addr || b.State != BlockPendingFree {
