@@ -118,11 +118,30 @@ const segCols, blockCols = 7, 6
 
 func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
-	t := p.required("t")
-	if !p.check(w) {
-		return
+	// seq asks for the layout right after that event (an incident's oom),
+	// which a time cannot name when several events share it.
+	var t, seq int64
+	var l *gpu.Layout
+	var err error
+	if r.URL.Query().Has("seq") {
+		seq = p.intIn("seq", 0, -1, 1<<62)
+		if !p.check(w) {
+			return
+		}
+		l, seq, err = s.opt.DB.LayoutAtSeq(chi.URLParam(r, "id"), seq)
+		if err == nil && seq >= 0 {
+			var evs []gpu.Event
+			if evs, err = s.opt.DB.Events(chi.URLParam(r, "id"), seq, seq+1); len(evs) == 1 {
+				t = evs[0].TimeUS
+			}
+		}
+	} else {
+		t = p.required("t")
+		if !p.check(w) {
+			return
+		}
+		l, seq, err = s.opt.DB.LayoutAt(chi.URLParam(r, "id"), t)
 	}
-	l, seq, err := s.opt.DB.LayoutAt(chi.URLParam(r, "id"), t)
 	if err != nil {
 		s.storeError(w, r, err)
 		return

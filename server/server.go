@@ -44,6 +44,8 @@ type Server struct {
 	log    *slog.Logger
 	router chi.Router
 	sums   *summaryCache
+	// whatifs caches incident what-if tables (replays of a whole trace).
+	whatifs *whatifCache
 }
 
 // New builds the router. Routes are grouped so that long-lived ones
@@ -62,7 +64,7 @@ func New(opt Options) *Server {
 	if opt.Import == nil {
 		opt.Import = ImportSnapshot
 	}
-	s := &Server{opt: opt, log: opt.Logger, sums: newSummaryCache(64)}
+	s := &Server{opt: opt, log: opt.Logger, sums: newSummaryCache(64), whatifs: newWhatifCache(16)}
 	r := chi.NewRouter()
 	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders)
 
@@ -72,6 +74,9 @@ func New(opt Options) *Server {
 			"application/javascript", "application/json", "application/octet-stream"))
 		r.Get("/", s.pageList)
 		r.Get("/traces/{id}", s.pageTrace)
+		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
+		r.Get("/p/{token}", s.pagePermalink)
+		r.Post("/api/permalinks", s.apiCreatePermalink)
 		r.Get("/static/{version}/{name}", s.static)
 		r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 		r.Route("/api/traces", func(r chi.Router) {
@@ -87,6 +92,9 @@ func New(opt Options) *Server {
 				r.Get("/allocations", s.apiAllocations)
 				r.Get("/allocations/{seq}", s.apiAllocation)
 				r.Get("/stacks/{sid}", s.apiStack)
+				r.Get("/incidents", s.apiIncidents)
+				r.Get("/incidents/{n}", s.apiIncident)
+				r.Get("/incidents/{n}/whatif", s.apiWhatIf)
 			})
 		})
 	})

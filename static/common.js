@@ -102,6 +102,7 @@ export function palette() {
     reserved: v("--reserved"), allocated: v("--allocated"), active: v("--active"),
     small: v("--small"), pending: v("--pending"), free: v("--free"), largest: v("--largest"),
     select: v("--select"), cursor: v("--cursor"), brush: v("--brush"),
+    pin: v("--pin"), oom: v("--error"),
     bands: v("--bands").split(",").map((x) => x.trim()),
   };
 }

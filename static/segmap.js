@@ -52,10 +52,11 @@ export class SegMap {
     this.abort?.abort();
     const ac = new AbortController();
     this.abort = ac;
-    const t = Math.round(v.cursor);
+    // layoutSeq (an incident's oom event) pins the map to one event.
+    const at = v.layoutSeq != null ? "seq=" + v.layoutSeq : "t=" + Math.round(v.cursor);
     const started = performance.now();
     try {
-      const d = await api(`/api/traces/${v.id}/layout?t=${t}`, { signal: ac.signal });
+      const d = await api(`/api/traces/${v.id}/layout?${at}`, { signal: ac.signal });
       if (ac.signal.aborted) return false;
       this.data = d;
       v.stats.fetchMs.push(performance.now() - started);
@@ -92,9 +93,11 @@ export class SegMap {
     }
     const segs = d.segments, blks = d.blocks, sel = this.view.sel;
     const largest = d.largest_free_address;
+    const pinned = this.view.pinned; // addresses of split segments whose live blocks are marked
     let selRect = null, largestRect = null, hoverRect = null;
     for (let r = 0, i = 0; i < segs.length; i += SEG, r++) {
       const addr = segs[i], size = segs[i + 1], first = segs[i + 5], count = segs[i + 6];
+      const pins = pinned?.has(addr);
       const y = TOP + GAP + r * (ROW + GAP);
       ctx.fillStyle = pal.fg;
       ctx.textAlign = "left";
@@ -120,7 +123,7 @@ export class SegMap {
           if (p === px && (state === 0 || state === pxState)) continue;
           px = p; pxState = state;
         }
-        ctx.fillStyle = state === 1 ? pal.allocated : state === 2 ? pal.pending : pal.free;
+        ctx.fillStyle = state !== 0 && pins ? pal.pin : state === 1 ? pal.allocated : state === 2 ? pal.pending : pal.free;
         ctx.fillRect(x0, y, Math.max(1, w - (w > 4 ? 1 : 0)), ROW);
         if (state === 0 && blks[k] === largest) largestRect = [x0, y, Math.max(1, w), ROW];
         if (blks[k + 4] === sel && sel !== null && state !== 0) selRect = [x0, y, Math.max(1, w), ROW];

@@ -86,6 +86,14 @@ export class Timeline {
       ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x, TOP + this.plotH); ctx.stroke();
       ctx.setLineDash([]);
     }
+    // Markers (OOM incidents): a solid line with a flag at the top.
+    for (const m of v.markers || []) {
+      const x = Math.round(this.xOf(m.t)) + 0.5;
+      ctx.strokeStyle = ctx.fillStyle = pal.oom;
+      ctx.lineWidth = 2;
+      ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x, TOP + this.plotH); ctx.stroke();
+      ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x + 9, TOP + 5); ctx.lineTo(x, TOP + 10); ctx.fill();
+    }
     if (this.brush) {
       const [a, b] = this.brush;
       const x0 = this.xOf(Math.min(a, b)), x1 = this.xOf(Math.max(a, b));

@@ -5,6 +5,8 @@
 import { api, el, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
+import { initShare } from "./share.js";
+import { showIncidents } from "./incidents.js";
 
 const root = document.getElementById("view");
 const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
@@ -322,3 +324,5 @@ new ResizeObserver(() => {
 layoutAll();
 needTimeline = needMap = needDetails = true;
 schedule();
+initShare(view.id);
+showIncidents(view, document.querySelector(".timeline-panel .legend")).catch((e) => view.error("Incidents: " + e.message));

@@ -1,0 +1,300 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
+	"vramscope/incident"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+const MiB = 1 << 20
+
+// fragCapacity is the simulated device of the frag workload: small, so the
+// trace is short, and large enough for its tensor sizes.
+const fragCapacity = 2 << 30
+
+// recordWorkload runs w through the caching allocator on a simulated device
+// into the store, as `vramscope trace` does, and returns the trace id. An
+// OOM ends the run like a real job's.
+func recordWorkload(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string) string {
+	tb.Helper()
+	cfg, err := caching.ParseConfig(conf)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
+	wr, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceTrace, DeviceName: dev.Name(),
+		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	clk := &tracer.Clock{US: 1_000_000}
+	a, err := caching.New(dev, cfg, caching.WithSink(wr), caching.WithClock(clk.Now))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr})
+	var oom *caching.OutOfMemoryError
+	if runErr != nil && !errors.As(runErr, &oom) {
+		tb.Fatal(runErr)
+	}
+	if err := wr.Close(store.StatusComplete); err != nil {
+		tb.Fatal(err)
+	}
+	return wr.ID()
+}
+
+// replayWorkload replays a request stream, one request per 10 µs.
+func replayWorkload(reqs []tracer.Request) tracer.Workload {
+	return tracer.WorkloadFunc(func(_ context.Context, env *tracer.Env) error {
+		for i := range reqs {
+			reqs[i].TimeUS = env.Clock.US + int64(i)*10
+		}
+		_, err := tracer.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
+		return err
+	})
+}
+
+// serve starts a server over db.
+func serve(t *testing.T, db *store.DB) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(New(Options{DB: db, Logger: quietLogger()}).Handler())
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+func getJSON(t *testing.T, url string, want int, v any) {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(res.Body)
+	if res.StatusCode != want {
+		t.Fatalf("GET %s: status %d, want %d: %s", url, res.StatusCode, want, buf.Bytes())
+	}
+	if v != nil {
+		if err := json.Unmarshal(buf.Bytes(), v); err != nil {
+			t.Fatalf("GET %s: %v: %s", url, err, buf.Bytes())
+		}
+	}
+}
+
+// whatIf asks for an incident's what-if table until it is done: each
+// request waits up to whatifWait, then answers 202 while the replays run.
+func whatIf(t *testing.T, base string) whatifJSON {
+	t.Helper()
+	for {
+		res, err := http.Get(base + "/whatif")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var w whatifJSON
+		err = json.NewDecoder(res.Body).Decode(&w)
+		res.Body.Close()
+		if err != nil {
+			t.Fatalf("what-if: %v", err)
+		}
+		switch {
+		case res.StatusCode == http.StatusOK && w.Status == "done":
+			return w
+		case res.StatusCode == http.StatusAccepted && w.Status == "running":
+			continue
+		}
+		t.Fatalf("what-if: status %d, %+v", res.StatusCode, w)
+	}
+}
+
+func row(rows []incident.WhatIf, conf string) *incident.WhatIf {
+	for i := range rows {
+		if strings.Contains(rows[i].AllocConf, conf) {
+			return &rows[i]
+		}
+	}
+	return nil
+}
+
+func TestIncidentFragmentation(t *testing.T) {
+	db := openDB(t)
+	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	srv := serve(t, db)
+
+	var list struct {
+		Incidents []struct {
+			store.Incident
+			URL string `json:"url"`
+		}
+	}
+	getJSON(t, srv.URL+"/api/traces/"+id+"/incidents", http.StatusOK, &list)
+	if len(list.Incidents) != 1 || list.Incidents[0].URL != "/traces/"+id+"/incidents/1" {
+		t.Fatalf("incidents: %+v", list.Incidents)
+	}
+	in := list.Incidents[0]
+
+	base := srv.URL + "/api/traces/" + id + "/incidents/1"
+	var d incidentJSON
+	getJSON(t, base, http.StatusOK, &d)
+	r := d.Report
+	if r.Kind != "fragmentation" || !strings.HasPrefix(r.Verdict, "Fragmentation: ") {
+		t.Fatalf("verdict %s: %s", r.Kind, r.Verdict)
+	}
+	// Frag asks for half the device: more than the device has free and more
+	// than the largest hole, less than the two together.
+	if r.Requested != fragCapacity/2 || r.Requested != in.Size || r.DeviceFree != in.DeviceFree ||
+		r.DeviceFree >= r.Requested || r.LargestFree >= r.Requested || r.NotAllocated < r.Requested {
+		t.Fatalf("report %+v", r)
+	}
+	if r.Capacity != fragCapacity || d.CapacityEstimated || d.Count != 1 || d.Incident.Seq != in.Seq {
+		t.Fatalf("capacity %d (estimated %v), count %d, seq %d", r.Capacity, d.CapacityEstimated, d.Count, d.Incident.Seq)
+	}
+	if len(r.Pinned) == 0 || len(r.Pinners) == 0 || len(r.Pools) == 0 {
+		t.Fatalf("nothing pinned: %+v", r)
+	}
+	// The pinners are the small long-lived tensors, with their frames.
+	top := d.Stacks[itoa(int64(r.Pinners[0].Stack))]
+	if len(top) == 0 || top[0].Name != "register_buffer" || top[0].Filename != "stress.py" {
+		t.Fatalf("top pinning stack %v of %+v", top, r.Pinners[0])
+	}
+	if d.Window.T0 >= in.TimeUS || d.Window.T1 <= in.TimeUS {
+		t.Fatalf("window [%d, %d] does not end just after the OOM at %d", d.Window.T0, d.Window.T1, in.TimeUS)
+	}
+
+	// The map the page draws is the one analyzed: right after the oom event.
+	// (The report's requested_bytes is the OOM's request, not the figure.)
+	var l layoutJSON
+	getJSON(t, srv.URL+"/api/traces/"+id+"/layout?seq="+itoa(in.Seq), http.StatusOK, &l)
+	l.Figures.Requested = 0
+	if l.Seq != in.Seq || l.TimeUS != in.TimeUS || l.Figures != r.Figures {
+		t.Fatalf("layout at the OOM: seq %d t %d %+v, report %+v", l.Seq, l.TimeUS, l.Figures, r.Figures)
+	}
+
+	w := whatIf(t, base)
+	if w.Capacity != fragCapacity || w.Requests == 0 || len(w.Rows) != 1+len(incident.Variants) {
+		t.Fatalf("what-if: %+v", w)
+	}
+	if w.Rows[0].OOMs == 0 || w.Rows[0].Avoided || w.Rows[0].FragmentationAtOOM <= 0 {
+		t.Fatalf("the original settings should replay the OOM: %+v", w.Rows[0])
+	}
+	if e := row(w.Rows[1:], "expandable_segments:True"); e == nil || !e.Avoided || e.OOMs != 0 {
+		t.Fatalf("expandable segments should avoid the OOM: %+v", w.Rows)
+	}
+
+	// Pages: the incident page, its absence, and the list's link to it.
+	page := string(getPage(t, srv.URL+"/traces/"+id+"/incidents/1", http.StatusOK))
+	if !strings.Contains(page, `data-seq="`+itoa(in.Seq)+`"`) || !strings.Contains(page, "incident.js") {
+		t.Fatalf("incident page: %s", page)
+	}
+	if p := string(getPage(t, srv.URL+"/traces/"+id+"/incidents/2", http.StatusNotFound)); !strings.Contains(p, "has no incident 2") {
+		t.Fatalf("missing incident page: %s", p)
+	}
+	if p := string(getPage(t, srv.URL+"/", http.StatusOK)); !strings.Contains(p, `href="/traces/`+id+`/incidents/1"`) {
+		t.Fatalf("the trace list does not link the OOM count to the incident: %s", p)
+	}
+	getJSON(t, srv.URL+"/api/traces/"+id+"/incidents/2", http.StatusNotFound, nil)
+	getJSON(t, srv.URL+"/api/traces/"+id+"/incidents/x", http.StatusBadRequest, nil)
+	getJSON(t, srv.URL+"/api/traces/nosuchtrace/incidents", http.StatusNotFound, nil)
+}
+
+func TestIncidentShortageIsNotFragmentation(t *testing.T) {
+	db := openDB(t)
+	reqs := []tracer.Request{
+		{Op: tracer.OpMalloc, ID: 1, Size: 40 * MiB},
+		{Op: tracer.OpMalloc, ID: 2, Size: 18 * MiB},
+		{Op: tracer.OpMalloc, ID: 3, Size: 10 * MiB},
+	}
+	id := recordWorkload(t, db, "shortage", replayWorkload(reqs), 60*MiB, "")
+	srv := serve(t, db)
+	base := srv.URL + "/api/traces/" + id + "/incidents/1"
+	var d incidentJSON
+	getJSON(t, base, http.StatusOK, &d)
+	if d.Report.Kind != "shortage" || strings.Contains(d.Report.Verdict, "ragmentation") {
+		t.Fatalf("a real shortage called %s: %s", d.Report.Kind, d.Report.Verdict)
+	}
+	w := whatIf(t, base)
+	for _, r := range w.Rows {
+		if r.Avoided || r.OOMs != 1 {
+			t.Errorf("nothing avoids a real shortage: %+v", r)
+		}
+	}
+}
+
+func TestIncidentOfUploadedSnapshot(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	if err != nil {
+		t.Skipf("no snapshot: %v", err)
+	}
+	db := openDB(t)
+	srv := serve(t, db)
+	code, b := post(t, srv.URL+"/api/traces?name=oom_nonexpandable.json", bytes.NewReader(data))
+	if code != http.StatusCreated {
+		t.Fatalf("upload: %d %s", code, b)
+	}
+	var up uploadJSON
+	json.Unmarshal(b, &up)
+	found := false
+	for _, tr := range up.Traces {
+		if tr.OOMs == 0 {
+			continue
+		}
+		found = true
+		base := srv.URL + "/api/traces/" + tr.ID + "/incidents/1"
+		var d incidentJSON
+		getJSON(t, base, http.StatusOK, &d)
+		r := d.Report
+		t.Logf("%s: %s", tr.Name, r.Verdict)
+		if r.Verdict == "" || r.Requested != d.Incident.Size || r.DeviceFree != d.Incident.DeviceFree || r.Requested == 0 {
+			t.Fatalf("report %+v of incident %+v", r, d.Incident)
+		}
+		// A snapshot does not say its device's capacity: it is estimated.
+		if !d.CapacityEstimated || r.Capacity != r.Reserved+r.DeviceFree {
+			t.Fatalf("capacity %d (estimated %v), reserved %d, device free %d", r.Capacity, d.CapacityEstimated, r.Reserved, r.DeviceFree)
+		}
+		// The request did not fit in any hole, or it would not have failed.
+		if r.LargestFree >= r.Requested {
+			t.Fatalf("%s yet the largest hole fits", r.Verdict)
+		}
+		if r.Kind == "fragmentation" && len(r.Pinned) == 0 {
+			t.Fatalf("fragmentation without a pinned segment: %+v", r)
+		}
+		w := whatIf(t, base)
+		if !w.CapacityEstimated || w.Capacity == 0 || len(w.Rows) != 1+len(incident.Variants) || w.Rows[0].OOMs == 0 {
+			t.Fatalf("what-if: %+v", w)
+		}
+	}
+	if !found {
+		t.Fatalf("the snapshot's OOM made no incident: %s", b)
+	}
+}
+
+func getPage(t *testing.T, url string, want int) []byte {
+	t.Helper()
+	res, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var buf bytes.Buffer
+	buf.ReadFrom(res.Body)
+	if res.StatusCode != want {
+		t.Fatalf("GET %s: status %d, want %d: %s", url, res.StatusCode, want, buf.Bytes())
+	}
+	if ct := res.Header.Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Fatalf("GET %s: %s, want a page", url, ct)
+	}
+	return buf.Bytes()
+}

@@ -1,0 +1,152 @@
+package server
+
+import (
+	"context"
+	"fmt"
+	"net/url"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"vramscope/incident"
+	"vramscope/tracer"
+)
+
+// viewParams are the URL parameters that hold a trace view.
+var viewParams = []string{"t0", "t1", "c", "sel", "panel"}
+
+func queryOf(t *testing.T, loc string, keys []string) string {
+	t.Helper()
+	u, err := url.Parse(loc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, k := range keys {
+		fmt.Fprintf(&b, "%s=%s ", k, u.Query().Get(k))
+	}
+	return b.String()
+}
+
+// shareLink clicks Share and returns the link it shows.
+func shareLink(t *testing.T, ctx context.Context) string {
+	t.Helper()
+	within(t, ctx, "share", chromedp.Click(`#share`))
+	within(t, ctx, "link shown", chromedp.Poll[bool](`/\/p\/[A-Z2-7]{26}$/.test(document.getElementById("share-link")?.value || "")`))
+	return within(t, ctx, "link", chromedp.Evaluate[string](`document.getElementById("share-link").value`))
+}
+
+func TestBrowserShareAndIncident(t *testing.T) {
+	ctx := browser(t)
+	db := openDB(t)
+	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	srv := serve(t, db)
+	dir := shotDir(t)
+	tr, err := db.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A trace view with a window, a cursor and a selection of its own.
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+id))
+	waitReady(t, ctx)
+	span := tr.LastUS - tr.FirstUS
+	t0, t1, c := tr.FirstUS+span/10, tr.FirstUS+span*7/10, tr.FirstUS+span/2
+	within(t, ctx, "window and cursor", chromedp.Evaluate[bool](fmt.Sprintf(`vramscope.setWindow(%d, %d); vramscope.setCursor(%d); true`, t0, t1, c)))
+	within(t, ctx, "map at the cursor", chromedp.Poll[bool](fmt.Sprintf(
+		`new URLSearchParams(location.search).get("c") === "%d" && vramscope.segmap.data && vramscope.segmap.data.t === %d`, c, c)))
+	// Click the largest allocated block on the map.
+	pt := within(t, ctx, "block position", chromedp.Evaluate[map[string]float64](`(() => {
+		const m = vramscope.segmap, d = m.data;
+		let best = -1;
+		for (let b = 0; b < d.block_count; b++)
+			if (d.blocks[b*6+3] === 1 && d.blocks[b*6+4] >= 0 && (best < 0 || d.blocks[b*6+1] > d.blocks[best*6+1])) best = b;
+		if (best < 0) return null;
+		const p = m.blockCenter(best), wrap = document.getElementById("segmap-wrap");
+		wrap.scrollTop = Math.max(0, p.y - 60);
+		const r = m.canvas.getBoundingClientRect();
+		return {x: r.left + p.x, y: r.top + p.y, seq: d.blocks[best*6+4]};
+	})()`))
+	if pt == nil {
+		t.Fatal("no allocated block on the map at the cursor")
+	}
+	seq := int64(pt["seq"])
+	within(t, ctx, "click block", chromedp.MouseClickXY(pt["x"], pt["y"]))
+	selected := fmt.Sprintf(`new URLSearchParams(location.search).get("sel") === "%d" && new URLSearchParams(location.search).get("panel") === "selection"
+		&& document.querySelector("#panel-selection h3")?.textContent === "Allocation #%d"`, seq, seq)
+	within(t, ctx, "selected", chromedp.Poll[bool](selected))
+	before := queryOf(t, within(t, ctx, "location", chromedp.Location()), viewParams)
+	details := within(t, ctx, "details", chromedp.Text(`#panel-selection`))
+
+	link := shareLink(t, ctx)
+	screenshot(t, ctx, dir, "share-trace-view")
+
+	// The link, opened afresh, restores the same view.
+	within(t, ctx, "leave", chromedp.Navigate(srv.URL+"/"))
+	within(t, ctx, "open the link", chromedp.Navigate(link))
+	waitFor(t, ctx, "the restored view", `document.getElementById("view")?.dataset.ready === "1"`)
+	within(t, ctx, "selection restored", chromedp.Poll[bool](selected))
+	loc := within(t, ctx, "location", chromedp.Location())
+	if after := queryOf(t, loc, viewParams); after != before || !strings.Contains(loc, "/traces/"+id+"?") {
+		t.Fatalf("the link restored %s (%s), want %s", after, loc, before)
+	}
+	if got := within(t, ctx, "details", chromedp.Text(`#panel-selection`)); got != details {
+		t.Fatalf("details after the link:\n%s\nwant\n%s", got, details)
+	}
+	state := within(t, ctx, "state", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.cursor, vramscope.sel]`))
+	if state[0] != float64(t0) || state[1] != float64(t1) || state[2] != float64(c) || state[3] != float64(seq) {
+		t.Fatalf("view state %v, want [%d %d %d %d]", state, t0, t1, c, seq)
+	}
+	screenshot(t, ctx, dir, "share-restored")
+
+	// The trace view links its incident; the incident page explains it.
+	within(t, ctx, "incident link", chromedp.Poll[bool](`document.querySelectorAll("#incident-links a").length === 1 && vramscope.markers?.length === 1`))
+	within(t, ctx, "open the incident", chromedp.Click(`#incident-links a`))
+	waitFor(t, ctx, "the incident page", `document.getElementById("incident")?.dataset.ready === "1"`)
+	verdict := within(t, ctx, "verdict", chromedp.Text(`#verdict`))
+	if !strings.HasPrefix(verdict, "Fragmentation: ") || !strings.Contains(verdict, "split segments could not be released") {
+		t.Fatalf("verdict %q", verdict)
+	}
+	// The pinning blocks are drawn in their own colour on the map.
+	pinned := within(t, ctx, "pin pixels", chromedp.Evaluate[int](`(() => {
+		const c = document.getElementById("segmap"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+		const hex = getComputedStyle(document.documentElement).getPropertyValue("--pin").trim();
+		const p = /^#(..)(..)(..)$/.exec(hex).slice(1).map(h => parseInt(h, 16));
+		let n = 0;
+		for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-p[0]) + Math.abs(d[i+1]-p[1]) + Math.abs(d[i+2]-p[2]) < 6) n++;
+		return n;
+	})()`))
+	if pinned < 200 {
+		t.Fatalf("%d pixels of the pinning colour on the map", pinned)
+	}
+	pinners := within(t, ctx, "pinners", chromedp.Text(`#pinners`))
+	if !strings.Contains(pinners, "register_buffer (stress.py:52)") {
+		t.Fatalf("pinning stacks: %q", pinners)
+	}
+	within(t, ctx, "what-if", chromedp.Poll[bool](`document.getElementById("incident").dataset.whatif === "done"`))
+	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
+		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
+	if len(rows) != 1+len(incident.Variants) || !strings.HasSuffix(rows[0][0], "[original]") || rows[0][1] == "0" {
+		t.Fatalf("what-if rows %q", rows)
+	}
+	found := false
+	for _, r := range rows[1:] {
+		if strings.Contains(r[0], "expandable_segments:True") {
+			found = r[1] == "0" && r[4] == "yes"
+		}
+	}
+	if !found {
+		t.Fatalf("expandable segments do not avoid the OOM in %q", rows)
+	}
+	screenshot(t, ctx, dir, "incident")
+
+	// The incident page shares its own view.
+	incLoc := within(t, ctx, "location", chromedp.Location())
+	link = shareLink(t, ctx)
+	within(t, ctx, "open the incident link", chromedp.Navigate(link))
+	waitFor(t, ctx, "the incident page again", `document.getElementById("incident")?.dataset.ready === "1"`)
+	if got := within(t, ctx, "location", chromedp.Location()); got != incLoc {
+		t.Fatalf("incident link opened %s, want %s", got, incLoc)
+	}
+}

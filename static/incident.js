@@ -1,0 +1,283 @@
+// The incident page: one OOM explained. The segment map is frozen right
+// after the oom event, with the live blocks that keep split segments from
+// being released marked; the timeline shows the time leading up to it with
+// the cursor fixed at the OOM. The window and the selection live in the
+// URL, as on the trace view, so Share restores them. Everything shown comes
+// from the JSON API and is written as text, never as HTML.
+import { api, el, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
+import { Timeline } from "./timeline.js";
+import { SegMap } from "./segmap.js";
+import { initShare } from "./share.js";
+
+const root = document.getElementById("incident");
+const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
+const oomUS = Number(root.dataset.timeUs), n = Number(root.dataset.n);
+const MIN_SPAN = 10; // µs
+
+const num = (q, k) => { const s = q.get(k); if (s === null || s === "") return null; const v = Number(s); return isFinite(v) ? v : null; };
+const q = new URLSearchParams(location.search);
+
+const view = {
+  id: root.dataset.id,
+  firstUS,
+  t0: num(q, "t0"),
+  t1: num(q, "t1"),
+  cursor: oomUS, // fixed: the map shows the OOM
+  layoutSeq: Number(root.dataset.seq),
+  sel: num(q, "sel"),
+  m0: num(q, "m0"),
+  m1: num(q, "m1"),
+  markers: [{ t: oomUS, n }],
+  pinned: new Set(),
+  home: null, // the window the API suggests
+  stats: { fetchMs: [], drawMs: [], timelineMs: [], segmapMs: [], firstPaintMs: null },
+};
+window.vramscope = view; // for tests and the console
+
+let pal = palette();
+const timeline = new Timeline(document.getElementById("timeline"), document.getElementById("timeline-tip"), view);
+const segmap = new SegMap(document.getElementById("segmap"), document.getElementById("segmap-tip"), view);
+view.timeline = timeline;
+view.segmap = segmap;
+
+const errBox = el("p", { class: "error", role: "alert", hidden: true });
+root.prepend(errBox);
+view.error = (msg) => { errBox.textContent = msg; errBox.hidden = false; };
+
+// ---- view state ----------------------------------------------------------
+
+let frame = 0, needTimeline = false;
+
+function schedule() {
+  if (frame) return;
+  frame = requestAnimationFrame(async () => {
+    frame = 0;
+    writeURL();
+    draw();
+    if (needTimeline) {
+      needTimeline = false;
+      if (await timeline.load()) draw();
+    }
+  });
+}
+
+view.redraw = () => schedule();
+
+view.setWindow = (t0, t1) => {
+  const full = Math.max(lastUS, oomUS) - firstUS, pad = Math.max(full * 0.05, MIN_SPAN);
+  const span = Math.min(Math.max(MIN_SPAN, t1 - t0), full + 2 * pad);
+  t0 = Math.max(firstUS - pad, Math.min(t0, firstUS + full + pad - span));
+  view.t0 = Math.round(t0);
+  view.t1 = Math.round(t0 + span);
+  needTimeline = true;
+  schedule();
+};
+view.zoomTime = (at, f) => view.setWindow(at - (at - view.t0) * f, at + (view.t1 - at) * f);
+view.resetWindow = () => { if (view.home) view.setWindow(view.home.t0, view.home.t1); };
+view.setCursor = () => {}; // the cursor stays at the OOM
+view.select = (seq) => { view.sel = seq; schedule(); };
+view.selectBlock = () => { view.sel = null; schedule(); };
+view.setOffsets = (m0, m1) => {
+  view.m0 = m0 === null ? null : Math.round(m0);
+  view.m1 = m1 === null ? null : Math.round(m1);
+  schedule();
+};
+
+function writeURL() {
+  if (view.t0 === null) return;
+  const p = new URLSearchParams();
+  p.set("t0", Math.floor(view.t0));
+  p.set("t1", Math.ceil(view.t1));
+  if (view.sel !== null) p.set("sel", view.sel);
+  if (view.m0 !== null && view.m1 !== null) { p.set("m0", view.m0); p.set("m1", view.m1); }
+  const url = location.pathname + "?" + p.toString();
+  if (url !== location.pathname + location.search) history.replaceState(null, "", url);
+}
+
+function draw() {
+  if (view.t0 === null) return;
+  timeline.draw(pal);
+  segmap.draw(pal);
+  document.getElementById("window-label").textContent =
+    fmtTime(view.t0 - firstUS) + " – " + fmtTime(view.t1 - firstUS) + " (" + fmtTime(view.t1 - view.t0) + ")";
+  const d = segmap.data;
+  document.getElementById("cursor-label").textContent =
+    d ? "right after event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : "";
+}
+
+// ---- tooltips ------------------------------------------------------------
+
+const stackCache = new Map();
+function stackOf(sid) {
+  if (!sid) return Promise.resolve([]);
+  if (!stackCache.has(sid)) {
+    stackCache.set(sid, api(`/api/traces/${view.id}/stacks/${sid}`).then((r) => r.frames || []).catch(() => []));
+  }
+  return stackCache.get(sid);
+}
+
+function frameText(f) {
+  const line = f.line >= 2 ** 63 ? "?" : f.line;
+  return `${f.name} (${f.filename}:${line})`;
+}
+
+let tipToken = 0;
+view.showTip = (tip, h, x, y) => {
+  const token = ++tipToken;
+  if (!h || (!h.band && !h.block && !h.small)) { tip.hidden = true; return; }
+  const rows = [];
+  let sid = 0;
+  if (h.band) {
+    rows.push(el("strong", {}, fmtBytes(h.band.size)), el("br"), "alloc #" + h.band.seq + " at " + fmtAddr(h.band.address));
+    sid = h.band.stack;
+  } else if (h.block) {
+    const b = h.block;
+    rows.push(el("strong", {}, fmtBytes(b.size)), " " + ["cached free", "allocated", "pending free"][b.state], el("br"));
+    if (b.state !== 0 && view.pinned.has(b.segment)) rows.push("pins its segment: it cannot be released", el("br"));
+    rows.push("at " + fmtAddr(b.addr));
+    sid = b.state !== 0 ? b.stack : 0;
+  } else {
+    rows.push(el("strong", {}, fmtBytes(h.small)), el("br"), "small allocations: zoom in to see them");
+  }
+  tip.replaceChildren(...rows);
+  const wrap = tip.parentElement.getBoundingClientRect();
+  tip.style.left = Math.min(x + 14, wrap.width - 260) + "px";
+  tip.style.top = y + 14 + "px";
+  tip.hidden = false;
+  if (sid) {
+    stackOf(sid).then((frames) => {
+      if (token !== tipToken || !frames.length) return;
+      const list = el("ol", { class: "frames" });
+      for (const f of frames.slice(0, 4)) list.append(el("li", {}, frameText(f)));
+      tip.append(list);
+    });
+  }
+};
+
+// ---- the report ----------------------------------------------------------
+
+function dl(pairs) {
+  const d = el("dl", { class: "facts" });
+  for (const [k, v] of pairs) d.append(el("dt", {}, k), el("dd", {}, v));
+  return d;
+}
+
+function table(id, head, rows) {
+  const t = el("table", { class: "data", id });
+  t.append(el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col" }, h)))));
+  const tb = el("tbody");
+  for (const r of rows) tb.append(el("tr", {}, ...r.map((c) => el("td", {}, c))));
+  t.append(tb);
+  return t;
+}
+
+const MAX_ROWS = 50;
+
+function more(total) {
+  return total > MAX_ROWS ? el("p", { class: "dim" }, `and ${total - MAX_ROWS} more`) : null;
+}
+
+function showReport(d) {
+  const r = d.report;
+  const verdict = document.getElementById("verdict");
+  verdict.textContent = r.verdict;
+  verdict.classList.add(r.kind);
+  const cap = r.capacity_bytes ? fmtBytes(r.capacity_bytes) + (d.capacity_estimated ? " (estimated: the recording lacks it)" : "") : "unknown";
+  document.getElementById("facts").replaceChildren(dl([
+    ["Asked for", fmtBytes(r.requested_bytes) + " on stream " + r.stream],
+    ["Tried to reserve", fmtBytes(r.segment_bytes) + " from the driver (a new segment for the request)"],
+    ["Free on the device", fmtBytes(r.device_free_bytes) + " of " + cap],
+    ["Reserved by the allocator", fmtBytes(r.reserved_bytes) + " in " + r.segments + " segments"],
+    ["Allocated", fmtBytes(r.allocated_bytes)],
+    ["Reserved but unallocated", fmtBytes(r.cached_free_bytes)],
+    ["Largest free block", fmtBytes(r.largest_free_bytes)],
+    ["Not allocated in all", fmtBytes(r.not_allocated_bytes) + " (device free + reserved but unallocated)"],
+    ["Fragmentation", (100 * r.fragmentation).toFixed(1) + " % (1 − largest free / cached free)"],
+  ]));
+  document.getElementById("pools").replaceChildren(table("pools-table",
+    ["Pool", "Stream", "Segments", "Reserved", "Free", "Largest free block"],
+    r.pools.map((p) => [p.pool, String(p.stream), String(p.segments), fmtBytes(p.reserved_bytes), fmtBytes(p.free_bytes), fmtBytes(p.largest_free_bytes)])));
+  const pinned = r.pinned_segments || [];
+  document.getElementById("pinned").replaceChildren(pinned.length ? table("pinned-table",
+    ["Segment", "Size", "Pool", "Stream", "Live blocks", "Live", "Free", "Largest free"],
+    pinned.slice(0, MAX_ROWS).map((s) => [fmtAddr(s.address), fmtBytes(s.size), s.pool, String(s.stream), String(s.live_blocks),
+      fmtBytes(s.live_bytes), fmtBytes(s.free_bytes), fmtBytes(s.largest_free_bytes)])) : el("p", {}, "None: no segment was split by live blocks."),
+  more(pinned.length) || "");
+  const groups = r.pinners || [];
+  const box = document.getElementById("pinners");
+  box.replaceChildren();
+  if (!groups.length) box.append(el("p", {}, "No live allocation pins a split segment."));
+  for (const g of groups.slice(0, MAX_ROWS)) {
+    const frames = d.stacks[String(g.stack)];
+    const list = frames && frames.length ? el("ol", { class: "frames full" }, ...frames.map((f) => el("li", {}, frameText(f))))
+      : el("p", { class: "dim" }, g.stack ? "Stack #" + g.stack + " (not loaded)" : "No stack was recorded.");
+    box.append(el("div", { class: "pinner" },
+      el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`),
+      list));
+  }
+  const m = more(groups.length);
+  if (m) box.append(m);
+  for (const s of pinned) view.pinned.add(s.address);
+}
+
+// The what-if replays can take a while on a big trace: the server answers
+// 202 while they run, and we ask again.
+async function showWhatIf(url) {
+  const status = document.getElementById("whatif-status");
+  status.textContent = "Replaying the trace under each setting…";
+  for (;;) {
+    const w = await api(url);
+    if (w.status === "done") {
+      renderWhatIf(w, status);
+      return;
+    }
+    status.textContent = "Replaying the trace under each setting… (still running)";
+  }
+}
+
+function renderWhatIf(w, status) {
+  const rows = w.rows;
+  status.textContent = `${w.requests} requests replayed on a simulated ${fmtBytes(w.capacity_bytes)} device` +
+    (w.capacity_estimated ? " (capacity estimated from the OOM)" : "") + ".";
+  const orig = rows[0];
+  const body = rows.map((r, i) => {
+    let conf = r.alloc_conf || "(defaults)";
+    if (i === 0) conf += " [original]";
+    let avoided = r.avoided ? "yes" : i === 0 || orig.ooms === 0 ? "-" : "no";
+    if (r.error) avoided = "failed: " + r.error;
+    return [conf, String(r.ooms), fmtBytes(r.peak_reserved), (100 * r.fragmentation_at_oom).toFixed(1) + " %", avoided];
+  });
+  const t = table("whatif-table", ["Settings", "OOMs", "Peak reserved", "Fragmentation at the OOM", "OOM avoided"], body);
+  t.querySelectorAll("tbody tr").forEach((tr, i) => { if (rows[i].avoided) tr.lastChild.classList.add("yes"); });
+  document.getElementById("whatif").replaceChildren(t);
+  root.dataset.whatif = "done";
+}
+
+// ---- start ---------------------------------------------------------------
+
+function layoutAll() { timeline.resize(); segmap.resize(); }
+
+async function start() {
+  const d = await api(`/api/traces/${view.id}/incidents/${n}`);
+  view.home = d.window;
+  if (view.t0 === null || view.t1 === null || !(view.t1 > view.t0)) { view.t0 = d.window.t0; view.t1 = d.window.t1; }
+  showReport(d);
+  layoutAll();
+  const [tl, sm] = await Promise.all([timeline.load(), segmap.load()]);
+  draw();
+  if (tl && sm) root.dataset.ready = "1";
+  showWhatIf(d.whatif_url).catch((e) => {
+    document.getElementById("whatif-status").textContent = "What-if failed: " + e.message;
+    document.getElementById("whatif-status").classList.add("error");
+  });
+}
+
+initTheme(() => { pal = palette(); schedule(); });
+initShare(view.id);
+document.getElementById("reset").addEventListener("click", () => view.resetWindow());
+let resizeTimer = 0;
+new ResizeObserver(() => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => { const w = timeline.plotW; layoutAll(); if (timeline.plotW !== w) needTimeline = true; schedule(); }, 100);
+}).observe(document.getElementById("timeline-wrap"));
+start().catch((e) => view.error("Incident: " + e.message));
