@@ -171,13 +171,14 @@ type whatifJob struct {
 type whatifCache struct {
 	mu   sync.Mutex
 	max  int
+	wait time.Duration // whatifWait
 	jobs map[whatifKey]*whatifJob
 	keys []whatifKey
 	run  chan struct{}
 }
 
 func newWhatifCache(n int) *whatifCache {
-	return &whatifCache{max: n, jobs: map[whatifKey]*whatifJob{}, run: make(chan struct{}, 1)}
+	return &whatifCache{max: n, wait: whatifWait, jobs: map[whatifKey]*whatifJob{}, run: make(chan struct{}, 1)}
 }
 
 // get returns the job for k, starting it with compute when there is none.
@@ -226,7 +227,7 @@ func (s *Server) apiWhatIf(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	j := s.whatifs.get(whatifKey{id, n, t.LastSeq}, func() (whatifJSON, error) { return s.whatIf(t, n) })
-	timer := time.NewTimer(whatifWait)
+	timer := time.NewTimer(s.whatifs.wait)
 	defer timer.Stop()
 	select {
 	case <-j.done:

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -297,4 +298,40 @@ func getPage(t *testing.T, url string, want int) []byte {
 		t.Fatalf("GET %s: %s, want a page", url, ct)
 	}
 	return buf.Bytes()
+}
+
+// While the replays run, the what-if answers 202 and the page asks again;
+// the table is computed once and then served from memory.
+func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
+	db := openDB(t)
+	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	s := New(Options{DB: db, Logger: quietLogger()})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	base := srv.URL + "/api/traces/" + id + "/incidents/1"
+
+	// Hold the one replay slot, so the job cannot start yet.
+	s.whatifs.run <- struct{}{}
+	s.whatifs.wait = time.Millisecond
+	var w whatifJSON
+	getJSON(t, base+"/whatif", http.StatusAccepted, &w)
+	if w.Status != "running" || w.Rows != nil {
+		t.Fatalf("while running: %+v", w)
+	}
+	<-s.whatifs.run
+	s.whatifs.wait = whatifWait
+	first := whatIf(t, base)
+	if e := row(first.Rows, "expandable_segments:True"); e == nil || !e.Avoided {
+		t.Fatalf("what-if: %+v", first)
+	}
+	// A second request is answered from the cache: the same job.
+	s.whatifs.mu.Lock()
+	jobs := len(s.whatifs.jobs)
+	s.whatifs.mu.Unlock()
+	whatIf(t, base)
+	s.whatifs.mu.Lock()
+	defer s.whatifs.mu.Unlock()
+	if jobs != 1 || len(s.whatifs.jobs) != 1 {
+		t.Fatalf("%d then %d what-if jobs for one incident", jobs, len(s.whatifs.jobs))
+	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -51,6 +53,9 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	// A trace view with a window, a cursor and a selection of its own.
 	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+id))
 	waitReady(t, ctx)
+	// The incident link lands in the timeline's head: wait for it before
+	// measuring where blocks are.
+	within(t, ctx, "incident link", chromedp.Poll[bool](`document.querySelectorAll("#incident-links a").length === 1`))
 	span := tr.LastUS - tr.FirstUS
 	t0, t1, c := tr.FirstUS+span/10, tr.FirstUS+span*7/10, tr.FirstUS+span/2
 	within(t, ctx, "window and cursor", chromedp.Evaluate[bool](fmt.Sprintf(`vramscope.setWindow(%d, %d); vramscope.setCursor(%d); true`, t0, t1, c)))
@@ -140,6 +145,8 @@ func TestBrowserShareAndIncident(t *testing.T) {
 		t.Fatalf("expandable segments do not avoid the OOM in %q", rows)
 	}
 	screenshot(t, ctx, dir, "incident")
+	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#whatif-table`))
+	screenshot(t, ctx, dir, "incident-whatif")
 
 	// The incident page shares its own view.
 	incLoc := within(t, ctx, "location", chromedp.Location())
@@ -149,4 +156,36 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	if got := within(t, ctx, "location", chromedp.Location()); got != incLoc {
 		t.Fatalf("incident link opened %s, want %s", got, incLoc)
 	}
+}
+
+func TestBrowserSnapshotIncident(t *testing.T) {
+	ctx := browser(t)
+	f, err := os.Open(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	if err != nil {
+		t.Skipf("no snapshot: %v", err)
+	}
+	defer f.Close()
+	db := openDB(t)
+	ids, err := ImportSnapshot(db, f, "oom_nonexpandable.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, db)
+	var id string
+	for _, x := range ids {
+		if tr, err := db.Trace(x); err == nil && tr.OOMs > 0 {
+			id = x
+		}
+	}
+	if id == "" {
+		t.Fatal("the snapshot's OOM made no incident")
+	}
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+id+"/incidents/1"))
+	waitFor(t, ctx, "the incident page", `document.getElementById("incident")?.dataset.ready === "1" && document.getElementById("incident").dataset.whatif === "done"`)
+	verdict := within(t, ctx, "verdict", chromedp.Text(`#verdict`))
+	facts := within(t, ctx, "facts", chromedp.Text(`#facts`))
+	if !strings.HasPrefix(verdict, "A real shortage") || !strings.Contains(facts, "estimated") {
+		t.Fatalf("verdict %q, facts %q", verdict, facts)
+	}
+	screenshot(t, ctx, shotDir(t), "incident-snapshot")
 }
