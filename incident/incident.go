@@ -18,7 +18,9 @@ type Report struct {
 	Stream int64 `json:"stream"`
 	// Requested is the rounded request; SegmentSize what the allocator tried
 	// to get from the driver for it ("Tried to allocate" in PyTorch's message).
-	Requested   uint64 `json:"requested_bytes"`
+	// Its JSON name is not requested_bytes: that is gpu.Figures' total of
+	// what callers asked for, which the same name here would hide.
+	Requested   uint64 `json:"request_bytes"`
 	SegmentSize uint64 `json:"segment_bytes"`
 	DeviceFree  uint64 `json:"device_free_bytes"`
 	Capacity    uint64 `json:"capacity_bytes,omitempty"`

@@ -1,6 +1,7 @@
 package incident
 
 import (
+	"encoding/json"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -160,5 +161,21 @@ func TestRealOOMSnapshots(t *testing.T) {
 				t.Errorf("%s: variants keep the original expandable_segments: %q", c.file, w.AllocConf)
 			}
 		}
+	}
+}
+
+// The report's JSON keeps both the OOM's request and the layout's total of
+// requested bytes.
+func TestReportJSONKeepsBothRequests(t *testing.T) {
+	events := record(t, scenarioD(), 60*MiB, "")
+	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
+	b, err := json.Marshal(Analyze(l, oom, 60*MiB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	json.Unmarshal(b, &m)
+	if m["request_bytes"] != float64(10*MiB) || m["requested_bytes"] != float64(18*MiB) {
+		t.Fatalf("request_bytes %v, requested_bytes %v in %s", m["request_bytes"], m["requested_bytes"], b)
 	}
 }

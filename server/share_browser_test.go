@@ -113,6 +113,10 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	if !strings.HasPrefix(verdict, "Fragmentation: ") || !strings.Contains(verdict, "split segments could not be released") {
 		t.Fatalf("verdict %q", verdict)
 	}
+	// Frag asks for half the 2 GiB device.
+	if facts := within(t, ctx, "facts", chromedp.Text(`#facts`)); !strings.Contains(facts, "1.00 GiB on stream 0") || !strings.Contains(facts, "of 2.00 GiB") {
+		t.Fatalf("facts %q", facts)
+	}
 	// The pinning blocks are drawn in their own colour on the map.
 	pinned := within(t, ctx, "pin pixels", chromedp.Evaluate[int](`(() => {
 		const c = document.getElementById("segmap"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;

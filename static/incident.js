@@ -184,7 +184,7 @@ function showReport(d) {
   verdict.classList.add(r.kind);
   const cap = r.capacity_bytes ? fmtBytes(r.capacity_bytes) + (d.capacity_estimated ? " (estimated: the recording lacks it)" : "") : "unknown";
   document.getElementById("facts").replaceChildren(dl([
-    ["Asked for", fmtBytes(r.requested_bytes) + " on stream " + r.stream],
+    ["Asked for", fmtBytes(r.request_bytes) + " on stream " + r.stream],
     ["Tried to reserve", fmtBytes(r.segment_bytes) + " from the driver (a new segment for the request)"],
     ["Free on the device", fmtBytes(r.device_free_bytes) + " of " + cap],
     ["Reserved by the allocator", fmtBytes(r.reserved_bytes) + " in " + r.segments + " segments"],
