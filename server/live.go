@@ -15,6 +15,7 @@ import (
 // helper a PyTorch job imports.
 func (s *Server) mountLive(r chi.Router) {
 	hub := live.NewHub(s.opt.DB, live.Options{Logger: s.log})
+	s.hub = hub
 	ingest := hub.IngestHandler(s.opt.Token)
 	if s.opt.Token == "" && !Loopback(s.opt.Addr) {
 		// Beyond loopback anyone could write traces: ingest needs a token.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"time"
+	"vramscope/live"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -46,6 +47,7 @@ type Server struct {
 	sums   *summaryCache
 	// whatifs caches incident what-if tables (replays of a whole trace).
 	whatifs *whatifCache
+	hub     *live.Hub // live ingest and viewers
 }
 
 // New builds the router. Routes are grouped so that long-lived ones
@@ -137,6 +139,9 @@ func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) 
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		err := srv.Shutdown(sctx)
+		if s.hub != nil {
+			s.hub.Close() // streams still open end as incomplete, resumable
+		}
 		if e := <-errc; !errors.Is(e, http.ErrServerClosed) {
 			err = errors.Join(err, e)
 		}

@@ -7,10 +7,12 @@ import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
 import { initShare } from "./share.js";
 import { showIncidents } from "./incidents.js";
+import { follow } from "./live.js";
 
 const root = document.getElementById("view");
 const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
-const fullT0 = firstUS, fullT1 = lastUS > firstUS ? lastUS : firstUS + 1;
+const fullT0 = firstUS;
+let fullT1 = lastUS > firstUS ? lastUS : firstUS + 1; // grows while a live trace does
 const MIN_SPAN = 10; // µs
 
 const num = (q, k) => { const s = q.get(k); if (s === null || s === "") return null; const n = Number(s); return isFinite(n) ? n : null; };
@@ -85,6 +87,7 @@ view.zoomTime = (at, f) => {
 };
 
 view.resetWindow = () => view.setWindow(fullT0, fullT1);
+view.extendTo = (t) => { if (t > fullT1) fullT1 = t; };
 
 view.setCursor = (t) => {
   view.cursor = Math.round(Math.max(fullT0, Math.min(fullT1, t)));
@@ -326,3 +329,4 @@ needTimeline = needMap = needDetails = true;
 schedule();
 initShare(view.id);
 showIncidents(view, document.querySelector(".timeline-panel .legend")).catch((e) => view.error("Incidents: " + e.message));
+if (root.dataset.status === "live") view.live = follow(view);

@@ -108,7 +108,20 @@ func TraceView(p Page, t store.Trace) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\"><section class=\"panel timeline-panel\" aria-label=\"Timeline\"><div class=\"panel-head\"><h2>Timeline</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key small\">small allocations</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"reset\">Reset zoom (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline: wheel to zoom, drag to pan, shift-drag to select a window, arrows and + - 0 on the keyboard\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map\"><div class=\"panel-head\"><h2>Segment map</h2><span class=\"legend\"><span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map at the cursor time: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel details\" aria-label=\"Details\"><div class=\"tabs\" role=\"tablist\"><button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-selection\" data-panel=\"selection\">Selection</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-cursor\" data-panel=\"cursor\">At cursor</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-summary\" data-panel=\"summary\">memory_summary()</button></div><div class=\"tabpanel\" id=\"panel-selection\" role=\"tabpanel\"><p class=\"dim\">Click an allocation on the timeline or a block on the map.</p></div><div class=\"tabpanel\" id=\"panel-cursor\" role=\"tabpanel\" hidden></div><div class=\"tabpanel\" id=\"panel-summary\" role=\"tabpanel\" hidden><pre id=\"summary-text\"></pre></div></section></div></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\" data-status=\"")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var8 string
+			templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(string(t.Status)).Resolve(ctx)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 10, Col: 214}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "\"><section class=\"panel timeline-panel\" aria-label=\"Timeline\"><div class=\"panel-head\"><h2>Timeline</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key small\">small allocations</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"reset\">Reset zoom (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline: wheel to zoom, drag to pan, shift-drag to select a window, arrows and + - 0 on the keyboard\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map\"><div class=\"panel-head\"><h2>Segment map</h2><span class=\"legend\"><span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map at the cursor time: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel details\" aria-label=\"Details\"><div class=\"tabs\" role=\"tablist\"><button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-selection\" data-panel=\"selection\">Selection</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-cursor\" data-panel=\"cursor\">At cursor</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-summary\" data-panel=\"summary\">memory_summary()</button></div><div class=\"tabpanel\" id=\"panel-selection\" role=\"tabpanel\"><p class=\"dim\">Click an allocation on the timeline or a block on the map.</p></div><div class=\"tabpanel\" id=\"panel-cursor\" role=\"tabpanel\" hidden></div><div class=\"tabpanel\" id=\"panel-summary\" role=\"tabpanel\" hidden><pre id=\"summary-text\"></pre></div></section></div></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -140,7 +153,7 @@ func NotFound(p Page, msg string) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Var9 := templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
+		templ_7745c5c3_Var10 := templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 			templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 			templ_7745c5c3_Buffer, templ_7745c5c3_IsBuffer := templruntime.GetBuffer(templ_7745c5c3_W)
 			if !templ_7745c5c3_IsBuffer {
@@ -152,26 +165,26 @@ func NotFound(p Page, msg string) templ.Component {
 				}()
 			}
 			ctx = templ.InitializeContext(ctx)
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "<main class=\"list\"><p class=\"error\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "<main class=\"list\"><p class=\"error\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			var templ_7745c5c3_Var10 string
-			templ_7745c5c3_Var10, templ_7745c5c3_Err = templ.JoinStringErrs(msg)
+			var templ_7745c5c3_Var11 string
+			templ_7745c5c3_Var11, templ_7745c5c3_Err = templ.JoinStringErrs(msg)
 			if templ_7745c5c3_Err != nil {
 				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 66, Col: 25}
 			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var10))
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var11))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "</p><p><a href=\"/\">All traces</a></p></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "</p><p><a href=\"/\">All traces</a></p></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = layout(p, "list.js").Render(templ.WithChildren(ctx, templ_7745c5c3_Var9), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = layout(p, "list.js").Render(templ.WithChildren(ctx, templ_7745c5c3_Var10), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -1,0 +1,92 @@
+package server
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
+	"vramscope/live"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// TestBrowserFollowsLiveTrace streams a running workload to the server and
+// watches its trace page: the badge says live, the window grows with the
+// stream, L pauses and resumes following, and the end of the stream shows.
+func TestBrowserFollowsLiveTrace(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
+	dir := shotDir(t)
+
+	c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: store.TraceMeta{Name: "live run", Source: store.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &tracer.Clock{}
+	a, err := caching.New(sim.New(16<<30), caching.DefaultConfig(), caching.WithSink(c), caching.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: c}
+	// One training step at a time, so the page sees the trace grow.
+	w := tracer.DefaultTrain()
+	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 2, 256, 4096, 2, 128, 1
+	step := func(seed uint64) {
+		w.Seed = seed
+		if err := tracer.Run(context.Background(), w, env); err != nil {
+			t.Fatal(err)
+		}
+		clk.Advance(1_000_000)
+		a.Malloc(512, 0, 0) // an event at the new time
+		a.Flush()
+		deadline := time.Now().Add(20 * time.Second)
+		for c.Acked() < a.Seq()-1 {
+			if time.Now().After(deadline) {
+				t.Fatalf("events not acknowledged: %d of %d", c.Acked(), a.Seq())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	step(1)
+
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/traces/"+c.TraceID()))
+	waitReady(t, ctx)
+	waitFor(t, ctx, "live badge", `document.querySelector(".live-badge")?.textContent.includes("live")`)
+	t1 := within(t, ctx, "window end", chromedp.Evaluate[float64](`window.vramscope.t1`))
+
+	step(2)
+	step(3)
+	waitFor(t, ctx, "the window follows the stream", `window.vramscope.t1 > `+ftoa(t1+1_500_000))
+	screenshot(t, ctx, dir, "live-following")
+
+	// L stops following to look back; L again follows.
+	within(t, ctx, "pause", chromedp.KeyEvent("l"))
+	waitFor(t, ctx, "paused badge", `document.querySelector(".live-badge").dataset.following === "0"`)
+	paused := within(t, ctx, "window end", chromedp.Evaluate[float64](`window.vramscope.t1`))
+	step(4)
+	time.Sleep(500 * time.Millisecond)
+	if now := within(t, ctx, "window end", chromedp.Evaluate[float64](`window.vramscope.t1`)); now != paused {
+		t.Errorf("a paused view moved: t1 %v -> %v", paused, now)
+	}
+	within(t, ctx, "resume", chromedp.KeyEvent("l"))
+	waitFor(t, ctx, "following again", `document.querySelector(".live-badge").dataset.following === "1" && window.vramscope.t1 > `+ftoa(paused))
+
+	if err := c.Close(store.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "complete badge", `document.querySelector(".live-badge").textContent.includes("complete")`)
+	tr, err := f.db.Trace(c.TraceID())
+	if err != nil || tr.Status != store.StatusComplete || tr.Events != a.Seq() {
+		t.Fatalf("stored trace %+v, %v (allocator emitted %d)", tr, err, a.Seq())
+	}
+	if !strings.HasPrefix(tr.Name, "live run") {
+		t.Errorf("name %q", tr.Name)
+	}
+}
+
+func ftoa(f float64) string { return strconvI(int64(f)) }
