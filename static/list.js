@@ -15,11 +15,25 @@ function setStatus(text, isError) {
   status.classList.toggle("error", !!isError);
 }
 
+// A server that listens beyond loopback needs its token for writes: asked
+// for once on a 401, kept for the tab's session.
+const TOKEN_KEY = "vramscope-token";
+function authHeader() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+function askToken() {
+  const t = prompt("This vramscope server needs its token (printed when it started) for uploads and deletes:");
+  if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
+  return !!t;
+}
+
 /** Upload one file to POST /api/traces; on success open its trace. */
 function upload(f) {
   const xhr = new XMLHttpRequest();
   xhr.open("POST", "/api/traces?name=" + encodeURIComponent(f.name));
   xhr.setRequestHeader("Content-Type", "application/octet-stream");
+  for (const [k, v] of Object.entries(authHeader())) xhr.setRequestHeader(k, v);
   progress.hidden = false;
   progress.value = 0;
   setStatus("Uploading " + f.name + "…");
@@ -36,6 +50,7 @@ function upload(f) {
       return;
     }
     progress.hidden = true;
+    if (xhr.status === 401 && askToken()) { upload(f); return; }
     const msg = body && body.error ? body.error : xhr.status + " " + xhr.statusText;
     setStatus("Upload refused: " + msg, true);
   });
@@ -63,7 +78,9 @@ for (const btn of document.querySelectorAll("button.delete")) {
       return;
     }
     btn.disabled = true;
-    const res = await fetch("/api/traces/" + encodeURIComponent(btn.dataset.id), { method: "DELETE" });
+    const del = () => fetch("/api/traces/" + encodeURIComponent(btn.dataset.id), { method: "DELETE", headers: authHeader() });
+    let res = await del();
+    if (res.status === 401 && askToken()) res = await del();
     if (res.ok) {
       btn.closest("tr").remove();
       setStatus("Deleted " + btn.dataset.name + ".");
