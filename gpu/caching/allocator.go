@@ -85,7 +85,7 @@ type Allocator struct {
 	small blockPool
 	large blockPool
 
-	live    map[uint64]*Block // allocated blocks by address
+	live    ptrMap            // allocated blocks by address
 	pending []pendingFree     // cross-stream frees waiting for fences, in order
 	regions map[uint64]*region
 	stats   Stats
@@ -124,7 +124,6 @@ func New(dev gpu.Device, cfg Config, opts ...Option) (*Allocator, error) {
 	a := &Allocator{
 		dev:     dev,
 		cfg:     cfg,
-		live:    make(map[uint64]*Block),
 		regions: make(map[uint64]*region),
 	}
 	a.small = blockPool{blocks: blockSet{bySize: true}, small: true}
@@ -456,7 +455,7 @@ func (a *Allocator) allocFoundBlock(b *Block, pool *blockPool, size, orig uint64
 	b.stack = a.stack
 	b.seq = a.seq
 	a.emit(gpu.ActionAlloc, b.addr, orig, b.stream, b.size, pool.kind(), a.stack)
-	a.live[b.addr] = b
+	a.live.put(b.addr, b)
 	a.stats.Allocation.increase(si, 1)
 	a.stats.AllocatedBytes.increase(si, int64(b.size))
 	a.stats.Active.increase(si, 1)
@@ -476,7 +475,7 @@ func (a *Allocator) insertFree(pool *blockPool, b *Block) {
 // RecordStream is recordStream: the block at addr is also used on stream,
 // so its memory must not be reused before that stream's work is done.
 func (a *Allocator) RecordStream(addr uint64, stream int64) error {
-	b := a.live[addr]
+	b := a.live.get(addr)
 	if b == nil {
 		return fmt.Errorf("record_stream: no allocation at %#x", addr)
 	}
@@ -497,11 +496,11 @@ func (a *Allocator) Free(addr uint64) error {
 	if addr == 0 {
 		return nil // freeing the null pointer of a zero-byte malloc does nothing
 	}
-	b := a.live[addr]
+	b := a.live.get(addr)
 	if b == nil {
 		return fmt.Errorf("invalid device pointer: %#x", addr)
 	}
-	delete(a.live, addr)
+	a.live.del(addr)
 	b.allocated = false
 	si := b.pool.statIndex()
 	a.stats.Allocation.decrease(si, 1)
@@ -776,7 +775,7 @@ func (a *Allocator) garbageCollect() error {
 
 // Live reports the allocation at addr: its size, requested size and stream.
 func (a *Allocator) Live(addr uint64) (size, requested uint64, ok bool) {
-	b := a.live[addr]
+	b := a.live.get(addr)
 	if b == nil {
 		return 0, 0, false
 	}
