@@ -3,6 +3,7 @@
 // string, rewritten with history.replaceState on every change, so a reload
 // or a copied link restores it.
 import { api, el, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
+import { frameText, hideTip, placeTip, stackLoader } from "./tips.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
 import { initShare } from "./share.js";
@@ -161,26 +162,10 @@ function firstPaint() {
 
 // ---- tooltips ------------------------------------------------------------
 
-const stackCache = new Map();
+const stackOf = stackLoader(view.id);
 
-/** The frames of a stack id, fetched once. */
-function stackOf(sid) {
-  if (!sid) return Promise.resolve([]);
-  if (!stackCache.has(sid)) {
-    stackCache.set(sid, api(`/api/traces/${view.id}/stacks/${sid}`).then((r) => r.frames || []).catch(() => []));
-  }
-  return stackCache.get(sid);
-}
-
-function frameText(f) {
-  const line = f.line >= 2 ** 63 ? "?" : f.line;
-  return `${f.name} (${f.filename}:${line})`;
-}
-
-let tipToken = 0;
 view.showTip = (tip, h, x, y) => {
-  const token = ++tipToken;
-  if (!h || (!h.band && !h.block && !h.small)) { tip.hidden = true; return; }
+  if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
   const rows = [];
   let sid = 0;
   if (h.band) {
@@ -198,19 +183,7 @@ view.showTip = (tip, h, x, y) => {
   } else {
     rows.push(el("strong", {}, fmtBytes(h.small)), el("br"), "small allocations, each under a pixel tall here: zoom in to see them");
   }
-  tip.replaceChildren(...rows);
-  const wrap = tip.parentElement.getBoundingClientRect();
-  tip.style.left = Math.min(x + 14, wrap.width - 260) + "px";
-  tip.style.top = y + 14 + "px";
-  tip.hidden = false;
-  if (sid) {
-    stackOf(sid).then((frames) => {
-      if (token !== tipToken || !frames.length) return;
-      const list = el("ol", { class: "frames" });
-      for (const f of frames.slice(0, 4)) list.append(el("li", {}, frameText(f)));
-      tip.append(list);
-    });
-  }
+  placeTip(tip, rows, x, y, stackOf, sid);
 };
 
 // ---- details -------------------------------------------------------------
