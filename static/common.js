@@ -136,3 +136,11 @@ export function niceTicks(lo, hi, n, binary) {
   for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) out.push(v);
   return out;
 }
+
+/** The number in query parameter k of q, or null when absent or not a number. */
+export function queryNum(q, k) {
+  const s = q.get(k);
+  if (s === null || s === "") return null;
+  const v = Number(s);
+  return isFinite(v) ? v : null;
+}

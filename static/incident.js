@@ -4,7 +4,7 @@
 // the cursor fixed at the OOM. The window and the selection live in the
 // URL, as on the trace view, so Share restores them. Everything shown comes
 // from the JSON API and is written as text, never as HTML.
-import { api, el, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
+import { api, el, queryNum, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
 import { frameText, hideTip, placeTip, stackLoader } from "./tips.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
@@ -15,19 +15,18 @@ const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastU
 const oomUS = Number(root.dataset.timeUs), n = Number(root.dataset.n);
 const MIN_SPAN = 10; // µs
 
-const num = (q, k) => { const s = q.get(k); if (s === null || s === "") return null; const v = Number(s); return isFinite(v) ? v : null; };
 const q = new URLSearchParams(location.search);
 
 const view = {
   id: root.dataset.id,
   firstUS,
-  t0: num(q, "t0"),
-  t1: num(q, "t1"),
+  t0: queryNum(q, "t0"),
+  t1: queryNum(q, "t1"),
   cursor: oomUS, // fixed: the map shows the OOM
   layoutSeq: Number(root.dataset.seq),
-  sel: num(q, "sel"),
-  m0: num(q, "m0"),
-  m1: num(q, "m1"),
+  sel: queryNum(q, "sel"),
+  m0: queryNum(q, "m0"),
+  m1: queryNum(q, "m1"),
   markers: [{ t: oomUS, n }],
   pinned: new Set(),
   home: null, // the window the API suggests

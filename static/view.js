@@ -2,7 +2,7 @@
 // (window, cursor, selection, panel, map offsets) is the URL's query
 // string, rewritten with history.replaceState on every change, so a reload
 // or a copied link restores it.
-import { api, el, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
+import { api, el, queryNum, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
 import { frameText, hideTip, placeTip, stackLoader } from "./tips.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
@@ -16,18 +16,17 @@ const fullT0 = firstUS;
 let fullT1 = lastUS > firstUS ? lastUS : firstUS + 1; // grows while a live trace does
 const MIN_SPAN = 10; // µs
 
-const num = (q, k) => { const s = q.get(k); if (s === null || s === "") return null; const n = Number(s); return isFinite(n) ? n : null; };
 const q = new URLSearchParams(location.search);
 
 const view = {
   id: root.dataset.id,
   firstUS,
-  t0: num(q, "t0") ?? fullT0,
-  t1: num(q, "t1") ?? fullT1,
-  cursor: num(q, "c"),
-  sel: num(q, "sel"),
-  m0: num(q, "m0"),
-  m1: num(q, "m1"),
+  t0: queryNum(q, "t0") ?? fullT0,
+  t1: queryNum(q, "t1") ?? fullT1,
+  cursor: queryNum(q, "c"),
+  sel: queryNum(q, "sel"),
+  m0: queryNum(q, "m0"),
+  m1: queryNum(q, "m1"),
   panel: ["selection", "cursor", "summary"].includes(q.get("panel")) ? q.get("panel") : "cursor",
   stats: { fetchMs: [], drawMs: [], timelineMs: [], segmapMs: [], firstPaintMs: null },
 };
