@@ -95,3 +95,18 @@ func TestImportRefusesHostileFile(t *testing.T) {
 		t.Errorf("truncated: exit %d: %s", code, errs)
 	}
 }
+
+func TestReplaySnapshot(t *testing.T) {
+	// The snapshot's request stream on a device as large as the real one
+	// (22.57 GB reserved + 264 MB free at the OOM) runs out again.
+	code, out, errs := runCmd("replay", filepath.Join(testdata, "oom_nonexpandable.json"), "--capacity", "22836281344", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		OOMs []struct{ Index int } `json:"ooms"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.OOMs) == 0 {
+		t.Errorf("replayed snapshot: %v, %d OOMs", err, len(res.OOMs))
+	}
+}
