@@ -34,7 +34,7 @@ type Options struct {
 }
 
 // DefaultMaxUpload is the upload cap when Options.MaxUploadBytes is zero.
-const DefaultMaxUpload = 4 << 30
+const DefaultMaxUpload = 2 << 30
 
 // requestTimeout bounds every request but uploads and (later) websockets.
 const requestTimeout = 30 * time.Second

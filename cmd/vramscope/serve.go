@@ -25,7 +25,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback by default)")
 	dbPath := fs.String("db", "vramscope.db", "SQLite database")
 	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "bearer token required of uploads, deletes and live ingest (default $VRAMSCOPE_TOKEN; made up when listening beyond loopback)")
-	maxUpload := fs.String("max-upload", "4GiB", "largest snapshot upload accepted")
+	maxUpload := fs.String("max-upload", "2GiB", "largest snapshot upload accepted (larger ones get 413)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE]")
 		fs.PrintDefaults()
