@@ -41,14 +41,6 @@ func init() {
 		fmt.Fprintln(stdout, "vramscope", version)
 		return nil
 	})
-	for _, name := range []string{"serve", "trace", "import", "export", "replay", "whatif", "devices"} {
-		name := name
-		if _, ok := commands[name]; !ok {
-			register(name, "(not built yet)", func([]string, io.Writer, io.Writer) error {
-				return fmt.Errorf("%s is not built yet", name)
-			})
-		}
-	}
 }
 
 func main() {
