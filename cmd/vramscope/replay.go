@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -25,11 +22,13 @@ const defaultCapacity = "80GiB"
 func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", stderr)
 	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
-	capacity := fs.String("capacity", defaultCapacity, "simulated device memory")
+	capacity := fs.String("capacity", "", "simulated device memory (default: the trace's device, or an estimate from a snapshot's OOM, else "+defaultCapacity+")")
+	dbPath := fs.String("db", defaultDB, "SQLite database, when replaying a stored TRACE")
+	device := fs.Int("device", -1, "snapshot device (default: the one with the most events)")
 	asJSON := fs.Bool("json", false, "print stats, OOMs and segments as JSON")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope replay FILE [--alloc-conf STR] [--capacity SIZE] [--json]")
-		fmt.Fprintln(stderr, "FILE is an RMM logging_resource_adaptor CSV log or a PyTorch memory snapshot.")
+		fmt.Fprintln(stderr, "usage: vramscope replay FILE|TRACE [--alloc-conf STR] [--capacity SIZE] [--json]")
+		fmt.Fprintln(stderr, "FILE is an RMM logging_resource_adaptor CSV log or a PyTorch memory snapshot; TRACE a stored trace id.")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
@@ -43,13 +42,17 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("--alloc-conf: %v", err)
 	}
-	cap, err := gpu.ParseBytes(*capacity)
-	if err != nil {
-		return usagef("--capacity: %v", err)
-	}
-	reqs, err := readRequests(pos[0])
+	reqs, _, cap, err := requestStream(pos[0], *dbPath, *device)
 	if err != nil {
 		return err
+	}
+	if *capacity != "" || cap == 0 {
+		if *capacity == "" {
+			*capacity = defaultCapacity
+		}
+		if cap, err = gpu.ParseBytes(*capacity); err != nil {
+			return usagef("--capacity: %v", err)
+		}
 	}
 	dev := sim.New(cap)
 	a, err := caching.New(dev, cfg)
@@ -73,36 +76,6 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprint(stdout, st.Summary(dev.Ordinal(), false))
 	return nil
 }
-
-// readRequests reads a request stream from a file, sniffing its kind.
-func readRequests(path string) ([]tracer.Request, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	br := bufio.NewReaderSize(f, 1<<20)
-	head, _ := br.Peek(6)
-	if string(head) == "Thread" {
-		reqs, err := tracer.ReadRMM(br)
-		if err != nil {
-			return nil, inputError{fmt.Errorf("%s: %w", path, err)}
-		}
-		return reqs, nil
-	}
-	if snapshotRequests != nil {
-		reqs, err := snapshotRequests(br)
-		if err != nil {
-			return nil, inputError{fmt.Errorf("%s: %w", path, err)}
-		}
-		return reqs, nil
-	}
-	return nil, inputError{errors.New(path + ": not an RMM log (the first line must be the header Thread,Time,Action,Pointer,Size,Stream)")}
-}
-
-// snapshotRequests turns a PyTorch snapshot into requests; set by the
-// snapshot support when it is built in.
-var snapshotRequests func(io.Reader) ([]tracer.Request, error)
 
 type replayJSON struct {
 	Stats    map[string]int64 `json:"stats"`

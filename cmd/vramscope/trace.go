@@ -86,9 +86,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		w = frag
 	case "replay":
 		if len(pos) != 1 {
-			return usagef("--workload replay takes one FILE (an RMM log or a PyTorch snapshot)")
+			return usagef("--workload replay takes one FILE (an RMM log or a PyTorch snapshot) or a stored TRACE id")
 		}
-		reqs, err := readRequests(pos[0])
+		reqs, _, _, err := requestStream(pos[0], *dbPath, -1)
 		if err != nil {
 			return err
 		}

@@ -1,18 +1,13 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
-	"os"
 	"text/tabwriter"
 
 	"vramscope/gpu"
 	"vramscope/incident"
-	"vramscope/store"
-	"vramscope/tracer"
 )
 
 func init() {
@@ -37,7 +32,7 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
 		return usagef("want one TRACE or FILE, got %d arguments", len(pos))
 	}
-	reqs, conf, capBytes, err := whatIfInput(pos[0], *dbPath, *device)
+	reqs, conf, capBytes, err := requestStream(pos[0], *dbPath, *device)
 	if err != nil {
 		return err
 	}
@@ -78,58 +73,4 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t%s\n", conf, r.OOMs, gpu.FormatBytes(r.PeakReserved), 100*r.FragmentationAtOOM, avoided)
 	}
 	return tw.Flush()
-}
-
-// whatIfInput reads the request stream, the original settings and the
-// capacity (0: unknown) from a stored trace or a file.
-func whatIfInput(arg, dbPath string, device int) ([]tracer.Request, string, uint64, error) {
-	if _, err := os.Stat(arg); err != nil {
-		if !errors.Is(err, os.ErrNotExist) {
-			return nil, "", 0, err
-		}
-		if _, err := os.Stat(dbPath); err != nil {
-			return nil, "", 0, usagef("%s is neither a file nor a trace (no database at %s)", arg, dbPath)
-		}
-		db, err := store.Open(dbPath)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		defer db.Close()
-		t, err := db.Trace(arg)
-		if err != nil {
-			return nil, "", 0, usagef("%s is neither a file nor a trace in %s", arg, dbPath)
-		}
-		initial, _, err := db.LayoutAtSeq(arg, -1)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		events, err := db.Events(arg, 0, t.LastSeq+1)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		capacity := t.Capacity
-		if capacity == 0 {
-			capacity, _ = incident.EstimateCapacity(initial, events)
-		}
-		return tracer.FromEvents(initial, events), t.Settings, capacity, nil
-	}
-	f, err := os.Open(arg)
-	if err != nil {
-		return nil, "", 0, err
-	}
-	defer f.Close()
-	br := bufio.NewReaderSize(f, 1<<20)
-	if head, _ := br.Peek(6); string(head) == "Thread" {
-		reqs, err := tracer.ReadRMM(br)
-		if err != nil {
-			return nil, "", 0, inputError{fmt.Errorf("%s: %w", arg, err)}
-		}
-		return reqs, "", 0, nil
-	}
-	t, err := decodeSnapshotDevice(br, device)
-	if err != nil {
-		return nil, "", 0, inputError{fmt.Errorf("%s: %w", arg, err)}
-	}
-	capacity, _ := incident.EstimateCapacity(t.Initial, t.Events)
-	return tracer.FromEvents(t.Initial, t.Events), t.Settings.Conf, capacity, nil
 }
