@@ -162,6 +162,11 @@ func TestWhatIfJSON(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "[original]") || !strings.Contains(out, "expandable_segments:True") {
 		t.Errorf("snapshot whatif: exit %d %s\n%s", code, errs, out)
 	}
+	// A stored trace replays on a device of its own capacity: the OOM again.
+	code, out, errs = runCmd("replay", traces[0].ID, "--db", db, "--json")
+	if code != 0 || !strings.Contains(out, `"index"`) || !strings.Contains(out, "Tried to allocate 2.00 GiB") {
+		t.Errorf("replay of a stored trace: exit %d %s\n%.300s", code, errs, out)
+	}
 	if code, _, _ := runCmd("whatif", "no-such-trace", "--db", db); code != 2 {
 		t.Errorf("unknown trace: exit %d", code)
 	}
