@@ -653,18 +653,22 @@ func (a *Allocator) releaseAvailableCachedBlocks(pool *blockPool, stream int64, 
 		return false, nil
 	}
 	key := max(size, maxSplit)
+	// Expandable blocks are not segments of their own: they are skipped
+	// here (today's PyTorch does; its 2024 code asserted they never come).
 	b := pool.blocks.lowerBound(blockKey{uint64(stream), key, 0})
-	if b != nil && b.stream == stream {
+	if b != nil && b.stream == stream && !b.region.expandable {
 		return true, a.releaseBlock(b)
 	}
 	// No single block is large enough: free oversize blocks from the largest down.
 	cur := pool.blocks.before(blockKey{uint64(stream), key, 0})
 	var released uint64
 	for cur != nil && released < key && cur.size >= maxSplit && cur.stream == stream {
-		prev := pool.blocks.before(pool.blocks.key(cur))
-		released += cur.size
-		if err := a.releaseBlock(cur); err != nil {
-			return false, err
+		prev := pool.blocks.before(cur.k)
+		if !cur.region.expandable {
+			released += cur.size
+			if err := a.releaseBlock(cur); err != nil {
+				return false, err
+			}
 		}
 		cur = prev
 	}

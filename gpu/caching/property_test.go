@@ -32,6 +32,7 @@ func TestPropertyRandomSequences(t *testing.T) {
 		"roundup_power2_divisions:4",
 		"roundup_power2_divisions:[64:8,256:4,>:2],max_split_size_mb:128",
 		"garbage_collection_threshold:0.6,per_process_memory_fraction:0.8",
+		"expandable_segments:True,max_split_size_mb:40",
 	}
 	for ci, conf := range confs {
 		for seed := uint64(1); seed <= 6; seed++ {

@@ -451,3 +451,23 @@ func TestOOMWithFractionAndGC(t *testing.T) {
 	}
 	h.checkInvariants()
 }
+
+// TestExpandableWithMaxSplit: with expandable segments, freeing cached
+// oversize blocks before an OOM skips the expandable ones (they are pages
+// of one reservation, not segments), and the request ends in a clean OOM.
+func TestExpandableWithMaxSplit(t *testing.T) {
+	h := newHarness(t, 1<<30, "expandable_segments:True,max_split_size_mb:40")
+	a := h.malloc(100 * MiB)
+	h.malloc(900 * MiB)
+	h.free(a)
+	_, err := h.a.Malloc(150*MiB, 0, 0)
+	if _, ok := err.(*OutOfMemoryError); !ok {
+		t.Fatalf("want an OOM, got %v", err)
+	}
+	for _, e := range h.rec.events {
+		if e.Action == gpu.ActionSegmentFree {
+			t.Fatalf("an expandable block was released as a segment: %v", e)
+		}
+	}
+	h.checkInvariants()
+}
