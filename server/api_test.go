@@ -406,3 +406,52 @@ func TestTokenGuardsWrites(t *testing.T) {
 }
 
 func itoa(n int64) string { return strconvI(n) }
+
+// TestCrossSiteWritesRefused: a page on another site cannot upload or
+// delete through the user's browser, even with no token configured.
+func TestCrossSiteWritesRefused(t *testing.T) {
+	f := newFixture(t, Options{})
+	body := strings.NewReader("\x80\x04N.")
+	for _, h := range []map[string]string{{"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}} {
+		for _, req := range []*http.Request{
+			mustReq(t, http.MethodPost, f.srv.URL+"/api/traces?name=x", body),
+			mustReq(t, http.MethodDelete, f.srv.URL+"/api/traces/"+f.id, nil),
+		} {
+			for k, v := range h {
+				req.Header.Set(k, v)
+			}
+			res, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			res.Body.Close()
+			if res.StatusCode != http.StatusForbidden {
+				t.Errorf("%s %s with %v: status %d, want 403", req.Method, req.URL.Path, h, res.StatusCode)
+			}
+		}
+	}
+	if _, err := f.db.Trace(f.id); err != nil {
+		t.Fatalf("the trace went: %v", err)
+	}
+	// The page's own origin may write.
+	req := mustReq(t, http.MethodDelete, f.srv.URL+"/api/traces/"+f.id, nil)
+	req.Header.Set("Origin", f.srv.URL)
+	req.Header.Set("Sec-Fetch-Site", "same-origin")
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	res.Body.Close()
+	if res.StatusCode != http.StatusNoContent {
+		t.Errorf("same-origin delete: status %d", res.StatusCode)
+	}
+}
+
+func mustReq(t *testing.T, method, url string, body io.Reader) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return req
+}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"net/url"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -75,6 +76,31 @@ func (s *Server) requireToken(next http.Handler) http.Handler {
 			if !ok || subtle.ConstantTimeCompare([]byte(got), []byte(s.opt.Token)) != 1 {
 				writeError(w, http.StatusUnauthorized, "this server needs its token: send Authorization: Bearer TOKEN")
 				return
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// sameOrigin refuses writes (POST, PUT, PATCH, DELETE) that a browser sends
+// on behalf of another site: a cross-site form can POST a multipart upload
+// without asking first, token or not. Clients that are not browsers (curl,
+// the Python helper, vramscope itself) send no Origin and pass.
+func sameOrigin(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.Method {
+		case http.MethodGet, http.MethodHead, http.MethodOptions:
+		default:
+			if r.Header.Get("Sec-Fetch-Site") == "cross-site" {
+				writeError(w, http.StatusForbidden, "writes from another site's page are refused")
+				return
+			}
+			if o := r.Header.Get("Origin"); o != "" {
+				u, err := url.Parse(o)
+				if err != nil || u.Host != r.Host {
+					writeError(w, http.StatusForbidden, "writes from another origin (%s) are refused", o)
+					return
+				}
 			}
 		}
 		next.ServeHTTP(w, r)

@@ -68,7 +68,7 @@ func New(opt Options) *Server {
 	}
 	s := &Server{opt: opt, log: opt.Logger, sums: newSummaryCache(64), whatifs: newWhatifCache(16)}
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders)
+	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders, sameOrigin)
 
 	r.Group(func(r chi.Router) {
 		r.Use(middleware.Timeout(requestTimeout))
