@@ -10,7 +10,8 @@ import (
 // replay finds the initial layout by undoing the events from the final
 // one, last to first, then applies them forward from it to learn each
 // event's block size. An event that does not fit is recorded in
-// Mismatches and skipped; the rest carry on.
+// Mismatches and left out of Events, so what is stored replays cleanly;
+// the rest carry on.
 func (t *Trace) replay() {
 	l := t.Final.Clone()
 	undone := make(map[int64]bool)
@@ -21,6 +22,7 @@ func (t *Trace) replay() {
 		}
 	}
 	t.Initial = l.Clone()
+	dropped := map[int]bool{}
 	for i := range t.Events {
 		e := &t.Events[i]
 		if e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted {
@@ -33,6 +35,7 @@ func (t *Trace) replay() {
 			if !undone[e.Seq] {
 				t.mismatch(*e, "replay", err)
 			}
+			dropped[i] = true
 			continue
 		}
 		if e.Action == gpu.ActionAlloc {
@@ -42,6 +45,30 @@ func (t *Trace) replay() {
 		}
 	}
 	t.adoptSeqs(l)
+	t.drop(dropped)
+}
+
+// drop removes the events at the given indexes (they keep their Seq, so
+// Mismatches still name them).
+func (t *Trace) drop(idx map[int]bool) {
+	if len(idx) == 0 {
+		return
+	}
+	kept := t.Events[:0]
+	var extra []uint32
+	for i, e := range t.Events {
+		if idx[i] {
+			continue
+		}
+		kept = append(kept, e)
+		if t.ExtraOf != nil {
+			extra = append(extra, t.ExtraOf[i])
+		}
+	}
+	t.Events = kept
+	if t.ExtraOf != nil {
+		t.ExtraOf = extra
+	}
 }
 
 func (t *Trace) mismatch(e gpu.Event, pass string, err error) {

@@ -93,6 +93,10 @@ func StoreSnapshot(db *store.DB, keep []*pytorch.Trace, name string) ([]string, 
 		w.Emit(buf)
 		if err := w.Err(); err != nil {
 			abort()
+			var me *gpu.MismatchError
+			if errors.As(err, &me) { // the file contradicts itself: its fault, not ours
+				return nil, &InputError{fmt.Errorf("device %d: %w", t.Device, err)}
+			}
 			return nil, err
 		}
 	}
