@@ -377,6 +377,9 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 	if seg.Size, _, err = c.uint(sv, sTotalSize, where, true); err != nil {
 		return s, err
 	}
+	if seg.Addr+seg.Size < seg.Addr {
+		return s, bad(where, "address + total_size overflows: %#x + %#x is beyond 2^64", seg.Addr, seg.Size)
+	}
 	if seg.Stream, _, err = c.int(sv, sStream, where, false); err != nil {
 		return s, err
 	}
@@ -426,6 +429,9 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 		blk, err := c.block(b, bw, at)
 		if err != nil {
 			return s, err
+		}
+		if at+blk.Size < at {
+			return s, bad(bw, "address + size overflows: %#x + %#x is beyond 2^64", at, blk.Size)
 		}
 		seg.Blocks = append(seg.Blocks, blk)
 		at += blk.Size

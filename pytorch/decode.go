@@ -116,7 +116,7 @@ func Unpickle(r io.Reader) (any, error) {
 // byte, so shared memo references cannot turn a small file into a huge
 // tree.
 func budgetFor(d *decoder) int {
-	return int(min(4*d.in.offset()+1<<16, math.MaxInt32))
+	return int(min(4*max(d.in.offset(), d.jsonRead)+1<<16, math.MaxInt32))
 }
 
 func decodeValue(r io.Reader, snap bool) (*decoder, Value, error) {
@@ -169,6 +169,7 @@ func (d *decoder) fromJSON(r io.Reader) (Value, error) {
 func (d *decoder) jsonValue(dec *json.Decoder, depth int) (Value, error) {
 	at := dec.InputOffset()
 	tok, err := dec.Token()
+	d.jsonRead = dec.InputOffset()
 	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF

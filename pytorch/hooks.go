@@ -146,6 +146,7 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 	e := gpu.Event{Seq: int64(len(el.events)), TimeUS: -1}
 	var ex extraKey
 	var other map[string]any
+	var toks []otherTok
 	var hasAddr, hasSize, hasFree bool
 	bad := ""
 	u64 := func(key string, v Value) uint64 {
@@ -200,12 +201,12 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 			if other == nil {
 				other = map[string]any{}
 			}
-			budget := 1 << 20
-			x, err := d.toAny(v, 1, &budget)
+			x, tok, err := d.otherValue(v)
 			if err != nil && bad == "" {
 				bad = fmt.Sprintf("%q: %v", d.strs[k.bits], err)
 			}
 			other[d.strs[k.bits]] = x
+			toks = append(toks, otherTok{uint32(k.bits), tok})
 		}
 	}
 	switch {
@@ -220,7 +221,7 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		el.bad, el.badAt = bad, len(el.events)
 	}
 	if other != nil {
-		ex.other = fmt.Sprint(other) // fmt prints maps with sorted keys
+		ex.other = otherKey(toks)
 	}
 	if ex != (extraKey{}) {
 		idx, ok := d.extraIdx[ex]
@@ -248,6 +249,167 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 	}
 	el.events = append(el.events, e)
 	d.replaceMemo(o, Value{kind: kConsumed})
+}
+
+// otherTok is a key this package does not know and its value's token.
+type otherTok struct {
+	key uint32
+	tok string
+}
+
+// otherKey is the canonical text of an entry's unknown keys: sorted, the
+// last of equal keys winning, as in the Other map.
+func otherKey(toks []otherTok) string {
+	sort.SliceStable(toks, func(i, j int) bool { return toks[i].key < toks[j].key })
+	var b []byte
+	for i, t := range toks {
+		if i+1 < len(toks) && toks[i+1].key == t.key {
+			continue
+		}
+		b = binary.AppendUvarint(b, uint64(t.key))
+		b = binary.AppendUvarint(b, uint64(len(t.tok)))
+		b = append(b, t.tok...)
+	}
+	return string(b)
+}
+
+// otherConv is an unknown key's value, converted once.
+type otherConv struct {
+	x   any
+	tok string
+	err error
+}
+
+// otherCached is the cost, in values, above which a converted unknown
+// value is kept for the other entries that refer to it.
+const otherCached = 16
+
+// otherValue converts the value of a trace-entry key this package does
+// not know, and returns a token for it: entries whose tokens are equal
+// have equal values, and share one EventExtra. All such values of a
+// decode draw on one budget that grows with the input read, and a large
+// value is converted once however many entries refer to it through the
+// memo, so the work stays in proportion to the input. A container is
+// taken as it is when an entry first refers to it.
+func (d *decoder) otherValue(v Value) (any, string, error) {
+	if c, ok := d.otherCache[v]; ok {
+		return c.x, c.tok, c.err
+	}
+	start := budgetFor(d) - d.otherSpent
+	budget := start
+	x, err := d.toAny(v, 1, &budget)
+	var tok []byte
+	if err == nil {
+		tok, err = d.canon(nil, v, &budget)
+	}
+	d.otherSpent += start - budget
+	if err != nil {
+		x, tok = nil, nil
+	}
+	if start-budget <= otherCached && err == nil {
+		return x, string(tok), nil
+	}
+	c := otherConv{x: x, err: err}
+	if err == nil {
+		id, ok := d.otherIDs[string(tok)]
+		if ok {
+			c.x = d.otherXs[id] // equal values share one conversion
+		} else {
+			if d.otherIDs == nil {
+				d.otherIDs = map[string]uint32{}
+			}
+			id = uint32(len(d.otherXs))
+			d.otherIDs[string(tok)] = id
+			d.otherXs = append(d.otherXs, x)
+		}
+		c.tok = string(binary.AppendUvarint([]byte{'#'}, uint64(id)))
+	}
+	// Only what the memo can hand out again is worth keeping.
+	if v.obj == nil || v.obj.memo != -1 {
+		if d.otherCache == nil {
+			d.otherCache = map[Value]otherConv{}
+		}
+		d.otherCache[v] = c
+	}
+	return c.x, c.tok, c.err
+}
+
+// canon appends a canonical encoding of v, in step with toAny: equal
+// encodings convert to equal values. Strings, stacks and frames are
+// their interned indices, so the encoding is a few bytes per value
+// however long the strings are.
+func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
+	if *budget--; *budget < 0 {
+		return nil, errTooLarge
+	}
+	switch v.kind {
+	case kNone, kEmpty:
+		return append(b, 'N'), nil
+	case kBool, kInt, kUint, kFloat, kStr, kBytes, kStack, kFrame:
+		return binary.AppendUvarint(append(b, 'a'+byte(v.kind)), v.bits), nil
+	case kBig:
+		words := v.obj.big.Bits()
+		if *budget -= len(words) / 2; *budget < 0 {
+			return nil, errTooLarge
+		}
+		b = append(b, 'B', byte('0'+v.obj.big.Sign()+1))
+		b = binary.AppendUvarint(b, uint64(len(words)))
+		for _, w := range words {
+			b = binary.LittleEndian.AppendUint64(b, uint64(w))
+		}
+		return b, nil
+	case kList, kTuple:
+		if v.obj.events != nil {
+			return fmt.Appendf(append(b, 'E'), "%p;", v.obj), nil
+		}
+		b = binary.AppendUvarint(append(b, 'a'+byte(v.kind)), uint64(len(v.obj.items)))
+		var err error
+		for _, it := range v.obj.items {
+			if b, err = d.canon(b, it, budget); err != nil {
+				return nil, err
+			}
+		}
+		return b, nil
+	case kDict:
+		items := v.obj.items
+		allStr := true
+		for i := 0; i < len(items); i += 2 {
+			allStr = allStr && items[i].kind == kStr
+		}
+		order := make([]int, 0, len(items)/2)
+		for i := 0; i < len(items); i += 2 {
+			order = append(order, i)
+		}
+		if allStr {
+			// A map[string]any: key order does not matter, the last of
+			// equal keys wins.
+			sort.SliceStable(order, func(i, j int) bool { return items[order[i]].bits < items[order[j]].bits })
+			n := 0
+			for i, at := range order {
+				if i+1 < len(order) && items[order[i+1]].bits == items[at].bits {
+					continue
+				}
+				order[n] = at
+				n++
+			}
+			order = order[:n]
+			b = append(b, 'D')
+		} else {
+			b = append(b, 'M')
+		}
+		b = binary.AppendUvarint(b, uint64(len(order)))
+		var err error
+		for _, at := range order {
+			if b, err = d.canon(b, items[at], budget); err != nil {
+				return nil, err
+			}
+			if b, err = d.canon(b, items[at+1], budget); err != nil {
+				return nil, err
+			}
+		}
+		return b, nil
+	}
+	return nil, fmt.Errorf("unexpected value kind %d", v.kind)
 }
 
 // internStack turns a list of frame dicts into an interned stack. A list

@@ -19,6 +19,7 @@ import (
 	"io"
 	"math"
 	"math/big"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -33,6 +34,7 @@ const (
 	maxStrLen    = 1 << 30 // one str or bytes value
 	maxLongBytes = 1 << 16 // one LONG1/LONG4 integer
 	maxMemoGap   = 1 << 16 // BINPUT beyond the memo's end by more than this goes to a map
+	memoSlack    = 1 << 10 // memo slots allowed beyond the input bytes read so far
 )
 
 // Opcodes (CPython Lib/pickle.py).
@@ -110,11 +112,12 @@ var ErrRefused = errors.New("refused: the opcode imports or calls Python code, a
 
 // decoder holds the pickle machine and the tables built while decoding.
 type decoder struct {
-	in    input
-	stack []Value
-	marks []int
-	memo  []Value
-	far   map[uint64]Value // memo slots set far beyond the slice
+	in       input
+	jsonRead int64 // bytes the JSON decoder has read, when the input is JSON
+	stack    []Value
+	marks    []int
+	memo     []Value
+	far      map[uint64]Value // memo slots set far beyond the slice
 
 	strs   []string
 	strIdx map[string]uint32
@@ -130,6 +133,12 @@ type decoder struct {
 	extraIdx  map[extraKey]uint32
 	actionOf  map[uint32]gpu.Action
 	wideLines int // frame lines beyond 64 bits, clamped
+
+	// values of trace-entry keys this package does not know
+	otherSpent int                 // budget spent converting them, across all entries
+	otherCache map[Value]otherConv // large ones, converted once
+	otherIDs   map[string]uint32   // canonical encodings of the large ones
+	otherXs    []any               // the large ones converted, by id
 }
 
 type frameKey struct {
@@ -206,25 +215,30 @@ func resolve(v Value) Value {
 	return v
 }
 
+// memoPut sets a memo slot. The memo is a slice while the slots are dense:
+// a slot within maxMemoGap of its end, and no further than the bytes read
+// so far (every PUT takes at least two), so gaps cost memory only in
+// proportion to the input. Sparser slots go to a map.
 func (d *decoder) memoPut(idx uint64, v Value) {
 	if v.obj != nil {
 		v.obj.memo = int(idx)
 	}
+	n := uint64(len(d.memo))
 	switch {
-	case idx < uint64(len(d.memo)):
+	case idx < n:
 		d.memo[idx] = v
-	case idx < uint64(len(d.memo))+maxMemoGap:
-		for uint64(len(d.memo)) < idx {
-			d.memo = append(d.memo, Value{})
-		}
-		d.memo = append(d.memo, v)
+	case idx < n+maxMemoGap && idx < uint64(d.in.offset())+memoSlack:
+		d.memo = slices.Grow(d.memo, int(idx+1-n))
+		d.memo = d.memo[:idx+1]
+		clear(d.memo[n:idx])
+		d.memo[idx] = v
 	default:
 		if d.far == nil {
 			d.far = map[uint64]Value{}
 		}
 		d.far[idx] = v
 		if v.obj != nil {
-			v.obj.memo = -1
+			v.obj.memo = memoFar
 		}
 	}
 }
@@ -233,8 +247,9 @@ func (d *decoder) memoGet(idx uint64) (Value, bool) {
 	var v Value
 	if idx < uint64(len(d.memo)) {
 		v = d.memo[idx]
-	} else {
-		v = d.far[idx]
+	}
+	if v.kind == kEmpty && d.far != nil {
+		v = d.far[idx] // set while the slice did not reach it yet
 	}
 	if v.kind == kEmpty {
 		return v, false

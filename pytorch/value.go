@@ -49,8 +49,11 @@ type object struct {
 	events *eventList // a list of trace entries, turned into events as they arrive
 	big    *big.Int
 	conv   Value // what the object became once interned or consumed
-	memo   int   // the memo slot last given to it, or -1
+	memo   int   // the memo slot last given to it, -1 if none, memoFar if in the map
 }
+
+// memoFar is object.memo for an object whose slot is in the memo's map.
+const memoFar = -2
 
 func (v Value) isContainer() bool { return v.kind == kList || v.kind == kTuple || v.kind == kDict }
 
@@ -112,12 +115,20 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 	case kUint:
 		return v.bits, nil
 	case kBig:
+		// A copy, like bytes below: charged by its size.
+		if *budget -= len(v.obj.big.Bits()) / 2; *budget < 0 {
+			return nil, errTooLarge
+		}
 		return new(big.Int).Set(v.obj.big), nil
 	case kFloat:
 		return math.Float64frombits(v.bits), nil
 	case kStr:
 		return d.strs[v.bits], nil
 	case kBytes:
+		// Each reference is a copy: charged as one value per 16 bytes.
+		if *budget -= len(d.strs[v.bits]) / 16; *budget < 0 {
+			return nil, errTooLarge
+		}
 		return []byte(d.strs[v.bits]), nil
 	case kStack:
 		out := []any{}
