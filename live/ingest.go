@@ -62,7 +62,7 @@ type stream struct {
 
 	mu    sync.Mutex // guards state, read by the flusher
 	state Tail
-	fresh bool // no event stored yet: the first may have any seq
+	fresh bool // no event stored yet: the first may have any seq from 0 up
 
 	ids    map[uint64]gpu.StackID // the client's stack ids to the writer's
 	defs   []StackDef
@@ -295,6 +295,9 @@ func (s *stream) store() error {
 	s.mu.Unlock()
 	kept := s.events[:0]
 	for i, e := range s.events {
+		if e.Seq < 0 {
+			return fmt.Errorf("event %d: sequence numbers start at 0 or above", e.Seq)
+		}
 		if !fresh && e.Seq <= st.Seq {
 			continue // sent again after a reconnect: stored already
 		}

@@ -20,8 +20,9 @@
 // own "frames" instead of a "stack") or as binary messages in the compact
 // form of AppendBatch. Stack ids are the client's own and hold for one
 // connection: after a reconnect the client defines them again. Sequence
-// numbers must follow one another without gaps; events at or below the last
-// stored one are dropped, so a resend after a reconnect never duplicates.
+// numbers are not negative and must follow one another without gaps; events
+// at or below the last stored one are dropped, so a resend after a reconnect
+// never duplicates.
 // The server answers {"type":"ack","seq":N} whenever events up to N are
 // committed, ends with {"type":"done","seq":N} after the client's
 // {"type":"end","status":"complete"|"failed"}, and sends
@@ -178,7 +179,19 @@ func ParseBatch(b []byte, stacks []StackDef, events []gpu.Event) ([]StackDef, []
 	for i := uint64(0); i < ne && r.err == nil; i++ {
 		seq += r.varint()
 		us += r.varint()
-		e := gpu.Event{Seq: seq, TimeUS: us, Action: gpu.Action(r.byte()), Pool: gpu.Pool(r.byte())}
+		a, p := r.byte(), r.byte()
+		if r.err != nil {
+			break
+		}
+		// gpu.ActionNone, like an action a text batch names that this
+		// version does not know, stores nothing and keeps its seq.
+		if gpu.Action(a) > gpu.ActionOOM {
+			return stacks, events, fmt.Errorf("binary batch: event %d: unknown action %d", seq, a)
+		}
+		if gpu.Pool(p) > gpu.PoolLarge {
+			return stacks, events, fmt.Errorf("binary batch: event %d: unknown pool %d", seq, p)
+		}
+		e := gpu.Event{Seq: seq, TimeUS: us, Action: gpu.Action(a), Pool: gpu.Pool(p)}
 		e.Stream = r.varint()
 		e.Addr = r.uvarint()
 		e.Size = r.uvarint()

@@ -44,6 +44,21 @@ func hasBlock(a gpu.Action) bool {
 	return a == gpu.ActionAlloc || a == gpu.ActionFreeRequested || a == gpu.ActionFreeCompleted
 }
 
+// encodable says whether e fits the encoding: an action of at most 4 bits
+// and a pool of at most 2 that the readers know, and a seq that is not
+// negative (readers take a negative seq for "no event").
+func encodable(e *gpu.Event) error {
+	switch {
+	case e.Seq < 0:
+		return fmt.Errorf("event %d: negative seq", e.Seq)
+	case e.Action > gpu.ActionOOM:
+		return fmt.Errorf("event %d: unknown action %d", e.Seq, e.Action)
+	case e.Pool > gpu.PoolLarge:
+		return fmt.Errorf("event %d (%s): unknown pool %d", e.Seq, e.Action, e.Pool)
+	}
+	return nil
+}
+
 // encState is what the next event is encoded relative to.
 type encState struct {
 	seq    int64

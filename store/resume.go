@@ -3,6 +3,7 @@ package store
 import (
 	"database/sql"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 
@@ -14,22 +15,90 @@ import (
 // returns the writer and the seq of the last stored event (-1 if none); the
 // next event must have a greater seq.
 func (db *DB) ResumeTrace(id string) (*Writer, int64, error) {
+	tid, prev, err := db.claim(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	w, last, err := db.resume(id)
+	if err != nil {
+		return nil, 0, errors.Join(err, db.unclaim(tid, prev))
+	}
+	return w, last, nil
+}
+
+// claimed is what a trace's status and owner were before a claim.
+type claimed struct {
+	status Status
+	pid    int64
+}
+
+// claim makes this process the writer of trace id: the check that no one is
+// writing it and the taking over are one write transaction, so that of two
+// resumes racing (in this process or another) only one gets the trace.
+func (db *DB) claim(id string) (int64, claimed, error) {
+	var tid int64
+	var prev claimed
+	registered := false
+	err := db.write(func(tx *sql.Tx) error {
+		var t Trace
+		var err error
+		if tid, t, err = lookup(tx, id); err != nil {
+			return err
+		}
+		if err := tx.QueryRow("SELECT owner_pid FROM traces WHERE tid = ?", tid).Scan(&prev.pid); err != nil {
+			return err
+		}
+		prev.status = t.Status
+		switch {
+		case t.Status == StatusLive && processAlive(db.path, tid, int(prev.pid)):
+			return fmt.Errorf("store: trace %s is still being written", id)
+		case t.Status != StatusLive && t.Status != StatusIncomplete:
+			return fmt.Errorf("store: trace %s is %s; only live or incomplete traces can be resumed", id, t.Status)
+		}
+		if _, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(StatusLive), os.Getpid(), tid); err != nil {
+			return err
+		}
+		// Registered before the commit: a claim that runs after this one
+		// sees the trace live and its owner, this process, writing it.
+		liveMu.Lock()
+		liveTraces[liveKey(db.path, tid)] = true
+		liveMu.Unlock()
+		registered = true
+		return nil
+	})
+	if err != nil {
+		if registered {
+			db.unregister(tid)
+		}
+		return 0, prev, err
+	}
+	return tid, prev, nil
+}
+
+// unclaim gives back a trace claim took and resume could not open.
+func (db *DB) unclaim(tid int64, prev claimed) error {
+	defer db.unregister(tid)
+	return db.write(func(tx *sql.Tx) error {
+		_, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ? AND status = ? AND owner_pid = ?",
+			string(prev.status), prev.pid, tid, string(StatusLive), os.Getpid())
+		return err
+	})
+}
+
+func (db *DB) unregister(tid int64) {
+	liveMu.Lock()
+	delete(liveTraces, liveKey(db.path, tid))
+	liveMu.Unlock()
+}
+
+// resume builds the writer of a trace claim has taken.
+func (db *DB) resume(id string) (*Writer, int64, error) {
 	r, err := db.begin(id)
 	if err != nil {
 		return nil, 0, err
 	}
 	defer r.close()
 	t := r.trace
-	var pid int64
-	if err := r.tx.QueryRow("SELECT owner_pid FROM traces WHERE tid = ?", r.tid).Scan(&pid); err != nil {
-		return nil, 0, err
-	}
-	switch {
-	case t.Status == StatusLive && processAlive(db.path, r.tid, int(pid)):
-		return nil, 0, fmt.Errorf("store: trace %s is still being written", id)
-	case t.Status != StatusLive && t.Status != StatusIncomplete:
-		return nil, 0, fmt.Errorf("store: trace %s is %s; only live or incomplete traces can be resumed", id, t.Status)
-	}
 
 	l, _, err := r.layoutAtSeq(t.LastSeq)
 	if err != nil {
@@ -107,14 +176,6 @@ func (db *DB) ResumeTrace(id string) (*Writer, int64, error) {
 		return nil, 0, err
 	}
 
-	err = db.write(func(tx *sql.Tx) error {
-		_, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(StatusLive), os.Getpid(), w.tid)
-		return err
-	})
-	if err != nil {
-		return nil, 0, err
-	}
-	w.register()
 	return w, t.LastSeq, nil
 }
 

@@ -287,11 +287,7 @@ func (w *Writer) register() {
 	liveMu.Unlock()
 }
 
-func (w *Writer) unregister() {
-	liveMu.Lock()
-	delete(liveTraces, liveKey(w.db.path, w.tid))
-	liveMu.Unlock()
-}
+func (w *Writer) unregister() { w.db.unregister(w.tid) }
 
 // ID is the trace's public id.
 func (w *Writer) ID() string { return w.id }
@@ -360,6 +356,9 @@ func (w *Writer) Emit(batch []gpu.Event) {
 
 // add takes one event through the layout, the totals and every summary.
 func (w *Writer) add(e gpu.Event) error {
+	if err := encodable(&e); err != nil {
+		return err
+	}
 	if w.n > 0 {
 		if e.Seq <= w.lastSeq {
 			return fmt.Errorf("event %d: sequence numbers must increase (previous %d)", e.Seq, w.lastSeq)
