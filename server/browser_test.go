@@ -103,7 +103,7 @@ func within[T any](t *testing.T, ctx context.Context, what string, a chromedp.Ac
 // make a Poll fail).
 func waitFor(t *testing.T, ctx context.Context, what, cond string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(90 * time.Second) // generous: CI machines are shared and slow
 	for {
 		c, cancel := context.WithTimeout(ctx, 5*time.Second)
 		ok, err := chromedp.Run(c, chromedp.Evaluate[bool](cond))
