@@ -15,7 +15,6 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
-	"vramscope/store"
 )
 
 // source makes real allocator events stamped with the wall clock, so an
@@ -99,7 +98,7 @@ func runLive(b *testing.B, rate, total int, d time.Duration, viewers, stalled in
 					mine = append(mine, time.Duration(now-created[s].Load())*time.Microsecond)
 				}
 				prev = max(prev, m.Seq)
-				if m.Status != store.StatusLive {
+				if m.Status != gpu.StatusLive {
 					break
 				}
 				conn.WriteMessage(websocket.TextMessage, []byte(`{"type":"more"}`))
@@ -153,7 +152,7 @@ func runLive(b *testing.B, rate, total int, d time.Duration, viewers, stalled in
 		c.Emit(evs)
 		sent += len(evs)
 	}
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		b.Fatal(err)
 	}
 	elapsed := time.Since(start)

@@ -13,12 +13,11 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
-	"vramscope/store"
 )
 
 // ClientOptions tune Dial; zero fields take the defaults.
 type ClientOptions struct {
-	Meta store.TraceMeta
+	Meta gpu.TraceMeta
 	// Snapshot, when set, is a PyTorch snapshot in JSON form whose
 	// segments are the state before the first event.
 	Snapshot json.RawMessage
@@ -51,7 +50,7 @@ type Client struct {
 	defined map[uint64]bool
 	ending  bool
 	quit    bool // Abandon: no reconnecting
-	status  store.Status
+	status  gpu.TraceStatus
 	done    chan struct{} // closed when the stream is over
 	err     error         // why it is over, if not cleanly
 	acked   int64
@@ -359,7 +358,7 @@ func (c *Client) define(id gpu.StackID, s gpu.Stack) {
 
 // Close ends the stream with status (complete, failed or incomplete),
 // waits until the server has stored every event, and says how it ended.
-func (c *Client) Close(status store.Status) error {
+func (c *Client) Close(status gpu.TraceStatus) error {
 	c.mu.Lock()
 	c.ending, c.status = true, status
 	c.cond.Broadcast()

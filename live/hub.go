@@ -13,6 +13,7 @@ import (
 	"github.com/go-chi/chi/v5"
 	"github.com/gorilla/websocket"
 
+	"vramscope/gpu"
 	"vramscope/store"
 )
 
@@ -177,12 +178,12 @@ func (t *topic) publish(s Tail) {
 		i++
 	}
 	t.samples = append(t.samples[:0], t.samples[i:]...)
-	if s.Status == store.StatusLive && len(t.samples) > 1 {
+	if s.Status == gpu.StatusLive && len(t.samples) > 1 {
 		if dt := now.Sub(t.samples[0].at).Seconds(); dt > 0 {
 			s.Rate = float64(s.Events-t.samples[0].events) / dt
 		}
 	}
-	if s.Status != store.StatusLive {
+	if s.Status != gpu.StatusLive {
 		t.samples = t.samples[:0]
 	}
 	s.Type, s.Trace = "tail", t.id

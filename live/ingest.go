@@ -94,20 +94,20 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	}
 	s := &stream{h: h, c: c, sess: &session{conn: c, done: make(chan struct{})}, ids: map[uint64]gpu.StackID{}}
 	defer close(s.sess.done)
-	var tr store.Trace
+	var tr gpu.Trace
 	if tr, err = s.open(&hi); err != nil {
 		reject(c, h.opt.WriteWait, "%v", err)
 		return
 	}
 	defer h.release(s.t)
 	defer s.t.unclaim(s.sess)
-	s.state = Tail{Status: store.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
 	s.fresh = tr.Events == 0
 	s.t.publish(s.state)
 
 	c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
 	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: tr.LastSeq, URL: "/traces/" + tr.ID}); err != nil {
-		s.finish(store.StatusIncomplete)
+		s.finish(gpu.StatusIncomplete)
 		return
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
@@ -117,7 +117,7 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	<-stopped
 	switch {
 	case perr != nil:
-		s.finish(store.StatusIncomplete)
+		s.finish(gpu.StatusIncomplete)
 		reject(c, h.opt.WriteWait, "%v", perr)
 	case end:
 		last := s.finish(status)
@@ -128,19 +128,19 @@ func (h *Hub) ingest(c *websocket.Conn) {
 			c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 		}
 	default:
-		s.finish(store.StatusIncomplete) // dropped: resumable
+		s.finish(gpu.StatusIncomplete) // dropped: resumable
 	}
 }
 
 // open creates or resumes the trace the hello names.
-func (s *stream) open(hi *hello) (store.Trace, error) {
+func (s *stream) open(hi *hello) (gpu.Trace, error) {
 	h := s.h
 	if hi.Trace != "" {
 		tr, err := h.db.Trace(hi.Trace)
 		if err != nil {
 			return tr, err
 		}
-		if tr.Source != store.SourceLive {
+		if tr.Source != gpu.SourceLive {
 			return tr, fmt.Errorf("trace %s is a %s trace; only live traces can be resumed", tr.ID, tr.Source)
 		}
 		s.t = h.topic(tr.ID)
@@ -159,17 +159,17 @@ func (s *stream) open(hi *hello) (store.Trace, error) {
 		return tr, err
 	}
 	meta := hi.Meta
-	meta.Source = store.SourceLive
+	meta.Source = gpu.SourceLive
 	if meta.Name == "" {
 		meta.Name = "live"
 	}
 	initial, stacks, err := initialLayout(hi.Snapshot, &meta)
 	if err != nil {
-		return store.Trace{}, err
+		return gpu.Trace{}, err
 	}
 	w, err := h.db.CreateTrace(meta, initial)
 	if err != nil {
-		return store.Trace{}, err
+		return gpu.Trace{}, err
 	}
 	// A new writer numbers distinct stacks 1..n in order, as the
 	// snapshot does, so the initial layout's stack ids stay right.
@@ -184,7 +184,7 @@ func (s *stream) open(hi *hello) (store.Trace, error) {
 
 // initialLayout reads the state before the first event from a PyTorch
 // snapshot in JSON form (its segments; its device_traces are ignored).
-func initialLayout(snap json.RawMessage, meta *store.TraceMeta) (*gpu.Layout, []gpu.Stack, error) {
+func initialLayout(snap json.RawMessage, meta *gpu.TraceMeta) (*gpu.Layout, []gpu.Stack, error) {
 	if len(bytes.TrimSpace(snap)) == 0 || string(bytes.TrimSpace(snap)) == "null" {
 		return nil, nil, nil
 	}
@@ -209,7 +209,7 @@ func initialLayout(snap json.RawMessage, meta *store.TraceMeta) (*gpu.Layout, []
 // read takes messages until the client ends the stream (end true, with
 // its status), the connection drops (all zero) or the client breaks the
 // protocol (perr).
-func (s *stream) read() (end bool, status store.Status, perr error) {
+func (s *stream) read() (end bool, status gpu.TraceStatus, perr error) {
 	c := s.c
 	for {
 		typ, msg, err := c.ReadMessage()
@@ -234,10 +234,10 @@ func (s *stream) read() (end bool, status store.Status, perr error) {
 			}
 			switch b.Type {
 			case "end":
-				switch st := store.Status(b.Status); st {
-				case "", store.StatusComplete:
-					return true, store.StatusComplete, nil
-				case store.StatusFailed, store.StatusIncomplete:
+				switch st := gpu.TraceStatus(b.Status); st {
+				case "", gpu.StatusComplete:
+					return true, gpu.StatusComplete, nil
+				case gpu.StatusFailed, gpu.StatusIncomplete:
 					return true, st, nil
 				default:
 					return false, "", fmt.Errorf("end: status %q is not complete, failed or incomplete", b.Status)
@@ -375,7 +375,7 @@ func (s *stream) flusher(flushed int64, stop <-chan struct{}, stopped chan<- str
 }
 
 // finish closes the writer with status and tells the viewers.
-func (s *stream) finish(status store.Status) Tail {
+func (s *stream) finish(status gpu.TraceStatus) Tail {
 	err := s.w.Close(status)
 	s.mu.Lock()
 	st := s.state
@@ -383,7 +383,7 @@ func (s *stream) finish(status store.Status) Tail {
 	if tr, terr := s.h.db.Trace(s.w.ID()); terr == nil {
 		st.Status, st.Seq, st.Events, st.FirstUS, st.LastUS = tr.Status, tr.LastSeq, tr.Events, tr.FirstUS, tr.LastUS
 	} else if err != nil || errors.Is(terr, store.ErrNotFound) {
-		st.Status = store.StatusFailed
+		st.Status = gpu.StatusFailed
 	}
 	s.t.publish(st)
 	return st

@@ -135,7 +135,7 @@ func checkStored(t *testing.T, db *store.DB, id string, w *workload) {
 func TestStreamComplete(t *testing.T) {
 	ts := newTestServer(t, "", Options{})
 	w := train(t)
-	c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: store.TraceMeta{Name: "job", DeviceName: "sim", Capacity: 80 << 30}})
+	c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: gpu.TraceMeta{Name: "job", DeviceName: "sim", Capacity: 80 << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,18 +143,18 @@ func TestStreamComplete(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tr.Status != store.StatusLive || tr.Source != store.SourceLive || tr.Name != "job" {
+	if tr.Status != gpu.StatusLive || tr.Source != gpu.SourceLive || tr.Name != "job" {
 		t.Fatalf("while streaming: %+v", tr)
 	}
 	send(c, w, 1000)
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	if got := c.Acked(); got != w.events[len(w.events)-1].Seq {
 		t.Fatalf("acked %d, last event %d", got, w.events[len(w.events)-1].Seq)
 	}
 	checkStored(t, ts.db, c.TraceID(), w)
-	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != store.StatusComplete {
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != gpu.StatusComplete {
 		t.Fatalf("status %s after the end", tr.Status)
 	}
 }
@@ -240,14 +240,14 @@ func TestResumeAfterCutMidBatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(c, w, 700)
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	if n := p.cuts.Load(); n < 3 {
 		t.Fatalf("only %d connections were cut", n)
 	}
 	checkStored(t, ts.db, c.TraceID(), w)
-	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != store.StatusComplete {
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != gpu.StatusComplete {
 		t.Fatalf("status %s after the end", tr.Status)
 	}
 }
@@ -273,7 +273,7 @@ func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tr.Status == store.StatusIncomplete {
+		if tr.Status == gpu.StatusIncomplete {
 			break
 		}
 		time.Sleep(5 * time.Millisecond)
@@ -289,7 +289,7 @@ func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
 	go c2.run(conn)
 	// Send everything again: what was stored is dropped, not doubled.
 	send(c2, w, 500)
-	if err := c2.Close(store.StatusComplete); err != nil {
+	if err := c2.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	checkStored(t, ts.db, id, w)
@@ -321,7 +321,7 @@ func TestWrongTokenStoresNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	send(c, train(t), 2000)
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -383,7 +383,7 @@ func TestViewersFollowAndSlowOneIsCoalesced(t *testing.T) {
 	id := c.TraceID()
 	fast, slow := viewerConn(t, ts, id), viewerConn(t, ts, id)
 	for _, v := range []*websocket.Conn{fast, slow} {
-		if m := readTail(t, v); m.Type != "tail" || m.Trace != id || m.Status != store.StatusLive || m.Seq != -1 {
+		if m := readTail(t, v); m.Type != "tail" || m.Trace != id || m.Status != gpu.StatusLive || m.Seq != -1 {
 			t.Fatalf("first message %+v", m)
 		}
 	}
@@ -401,7 +401,7 @@ func TestViewersFollowAndSlowOneIsCoalesced(t *testing.T) {
 			more(t, fast)
 			m := readTail(t, fast)
 			fastSeen = append(fastSeen, m)
-			if m.Status != store.StatusLive {
+			if m.Status != gpu.StatusLive {
 				return
 			}
 		}
@@ -422,13 +422,13 @@ func TestViewersFollowAndSlowOneIsCoalesced(t *testing.T) {
 	}
 	more(t, slow)
 	m := readTail(t, slow)
-	if m.Seq != last || m.Status != store.StatusLive {
+	if m.Seq != last || m.Status != gpu.StatusLive {
 		t.Fatalf("slow viewer's update %+v, want seq %d live", m, last)
 	}
 	if m.Coalesced < updates-1 {
 		t.Fatalf("slow viewer's update folds %d updates, %d were published", m.Coalesced, updates)
 	}
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	<-fastDone
@@ -440,14 +440,14 @@ func TestViewersFollowAndSlowOneIsCoalesced(t *testing.T) {
 		prev = m.Seq
 	}
 	end := fastSeen[len(fastSeen)-1]
-	if end.Status != store.StatusComplete || end.Seq != last || end.Events != int64(len(w.events)) {
+	if end.Status != gpu.StatusComplete || end.Seq != last || end.Events != int64(len(w.events)) {
 		t.Fatalf("fast viewer's last update %+v", end)
 	}
 	if len(fastSeen) < 3 {
 		t.Fatalf("fast viewer saw %d updates", len(fastSeen))
 	}
 	more(t, slow)
-	if m := readTail(t, slow); m.Status != store.StatusComplete || m.Seq != last {
+	if m := readTail(t, slow); m.Status != gpu.StatusComplete || m.Seq != last {
 		t.Fatalf("slow viewer's last update %+v", m)
 	}
 }
@@ -458,7 +458,7 @@ func TestDeadViewerIsDropped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer c.Close(store.StatusComplete)
+	defer c.Close(gpu.StatusComplete)
 	// A viewer that never reads never answers pings.
 	viewerConn(t, ts, c.TraceID())
 	for ts.hub.Viewers(c.TraceID()) == 0 {
@@ -520,7 +520,7 @@ func TestJSONEventsAndRefusals(t *testing.T) {
 	for id == "" {
 		trs, _ := ts.db.Traces()
 		for _, tr := range trs {
-			if tr.Status == store.StatusIncomplete {
+			if tr.Status == gpu.StatusIncomplete {
 				id = tr.ID
 			}
 		}

@@ -4,7 +4,7 @@
 // Ingest (GET /ws/ingest, a websocket; "Authorization: Bearer TOKEN" when the
 // server has a token). The client's first message is a text hello:
 //
-//	{"type":"hello","trace":"","meta":{...store.TraceMeta},"snapshot":{...}}
+//	{"type":"hello","trace":"","meta":{...gpu.TraceMeta},"snapshot":{...}}
 //
 // An empty trace starts a new live trace (meta names it; snapshot, optional,
 // is a PyTorch snapshot in JSON form whose segments are the state before the
@@ -50,14 +50,13 @@ import (
 	"fmt"
 
 	"vramscope/gpu"
-	"vramscope/store"
 )
 
 // hello is the ingest client's first message.
 type hello struct {
 	Type     string          `json:"type"`
 	Trace    string          `json:"trace,omitempty"`
-	Meta     store.TraceMeta `json:"meta"`
+	Meta     gpu.TraceMeta   `json:"meta"`
 	Snapshot json.RawMessage `json:"snapshot,omitempty"`
 }
 
@@ -93,16 +92,16 @@ type jsonBatch struct {
 
 // Tail is the message viewers get.
 type Tail struct {
-	Type      string       `json:"type"` // "tail"
-	Trace     string       `json:"trace"`
-	Status    store.Status `json:"status"`
-	Seq       int64        `json:"seq"` // last event stored; -1 for none
-	Events    int64        `json:"events"`
-	FirstUS   int64        `json:"first_us"`
-	LastUS    int64        `json:"last_us"`
-	Rate      float64      `json:"rate"`      // events per second lately
-	Coalesced int          `json:"coalesced"` // updates folded into this one
-	SentMS    int64        `json:"sent_ms"`   // server clock, Unix ms
+	Type      string          `json:"type"` // "tail"
+	Trace     string          `json:"trace"`
+	Status    gpu.TraceStatus `json:"status"`
+	Seq       int64           `json:"seq"` // last event stored; -1 for none
+	Events    int64           `json:"events"`
+	FirstUS   int64           `json:"first_us"`
+	LastUS    int64           `json:"last_us"`
+	Rate      float64         `json:"rate"`      // events per second lately
+	Coalesced int             `json:"coalesced"` // updates folded into this one
+	SentMS    int64           `json:"sent_ms"`   // server clock, Unix ms
 }
 
 // StackDef is a stack the client defines for the ids its events use.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gorilla/websocket"
 
+	"vramscope/gpu"
 	"vramscope/pytorch"
 	"vramscope/server"
 	"vramscope/store"
@@ -99,7 +100,7 @@ func TestPythonWatch(t *testing.T) {
 	if err != nil {
 		t.Fatalf("live trace %q: %v", liveID, err)
 	}
-	if tr.Status != store.StatusComplete || tr.Source != store.SourceLive || tr.OOMs != 1 {
+	if tr.Status != gpu.StatusComplete || tr.Source != gpu.SourceLive || tr.OOMs != 1 {
 		t.Fatalf("live trace %+v", tr)
 	}
 	got, err := db.Events(liveID, 0, 1<<40)
@@ -120,9 +121,9 @@ func TestPythonWatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var up *store.Trace
+	var up *gpu.Trace
 	for i := range all {
-		if all[i].Source == store.SourceSnapshot {
+		if all[i].Source == gpu.SourceSnapshot {
 			up = &all[i]
 		}
 	}

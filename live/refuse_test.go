@@ -8,7 +8,6 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
-	"vramscope/store"
 )
 
 func TestParseBatchRefusesUnknownActionAndPool(t *testing.T) {
@@ -67,7 +66,7 @@ func ingestRaw(t *testing.T, ts *testServer) *websocket.Conn {
 }
 
 // refusal waits for the server's error and returns the trace it leaves.
-func refusal(t *testing.T, ts *testServer, conn *websocket.Conn, want string) store.Trace {
+func refusal(t *testing.T, ts *testServer, conn *websocket.Conn, want string) gpu.Trace {
 	t.Helper()
 	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
 	for {
@@ -87,12 +86,12 @@ func refusal(t *testing.T, ts *testServer, conn *websocket.Conn, want string) st
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(trs) == 1 && trs[0].Status != store.StatusLive {
+		if len(trs) == 1 && trs[0].Status != gpu.StatusLive {
 			return trs[0]
 		}
 	}
 	t.Fatal("the trace stayed live after the stream was refused")
-	return store.Trace{}
+	return gpu.Trace{}
 }
 
 func TestBinaryIngestRefusesUnknownPool(t *testing.T) {
@@ -107,7 +106,7 @@ func TestBinaryIngestRefusesUnknownPool(t *testing.T) {
 	}
 	conn.WriteJSON(map[string]any{"type": "end", "status": "complete"})
 	tr := refusal(t, ts, conn, "binary batch: event 0: unknown pool 4")
-	if tr.Status == store.StatusComplete || tr.Events != 0 {
+	if tr.Status == gpu.StatusComplete || tr.Events != 0 {
 		t.Fatalf("trace %s with %d events", tr.Status, tr.Events)
 	}
 	if _, err := ts.db.Events(tr.ID, 0, 10); err != nil {
@@ -139,7 +138,7 @@ func TestIngestRefusesNegativeSeq(t *testing.T) {
 		}
 		conn.WriteJSON(map[string]any{"type": "end", "status": "complete"})
 		tr := refusal(t, ts, conn, "event -5: sequence numbers start at 0")
-		if tr.Status == store.StatusComplete || tr.Events != 0 {
+		if tr.Status == gpu.StatusComplete || tr.Events != 0 {
 			t.Fatalf("binary %v: trace %s with %d events", binary, tr.Status, tr.Events)
 		}
 	}

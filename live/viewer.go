@@ -4,10 +4,9 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+	"vramscope/gpu"
 
 	"github.com/gorilla/websocket"
-
-	"vramscope/store"
 )
 
 // maxCredit caps how many messages a viewer may ask for ahead.
@@ -76,7 +75,7 @@ func (v *viewer) take() (Tail, bool) {
 }
 
 // view runs one viewer connection until it closes or stops answering.
-func (h *Hub) view(c *websocket.Conn, tr store.Trace) {
+func (h *Hub) view(c *websocket.Conn, tr gpu.Trace) {
 	v := newViewer(c)
 	t := h.topic(tr.ID)
 	defer h.release(t)

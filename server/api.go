@@ -7,7 +7,6 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/gpu"
-	"vramscope/store"
 )
 
 // maxEvents caps one events answer; clients page with from/to.
@@ -20,7 +19,7 @@ func (s *Server) apiTraces(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ts == nil {
-		ts = []store.Trace{}
+		ts = []gpu.Trace{}
 	}
 	writeJSON(w, http.StatusOK, map[string]any{"traces": ts})
 }
@@ -233,7 +232,7 @@ func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.Allocations == nil {
-		a.Allocations = []store.Allocation{}
+		a.Allocations = []gpu.Allocation{}
 	}
 	writeJSON(w, http.StatusOK, a)
 }
@@ -241,7 +240,7 @@ func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
 // allocationJSON is one allocation with its stack and the events that
 // made and ended it.
 type allocationJSON struct {
-	store.Allocation
+	gpu.Allocation
 	Frames gpu.Stack   `json:"frames"`
 	Events []eventJSON `json:"events"`
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"testing"
 
+	"vramscope/gpu"
 	"vramscope/static"
 	"vramscope/store"
 )
@@ -21,7 +22,7 @@ type fixture struct {
 	db    *store.DB
 	srv   *httptest.Server
 	id    string
-	trace store.Trace
+	trace gpu.Trace
 	final string // the allocator's own memory_summary() at the end
 }
 
@@ -75,16 +76,16 @@ func errorOf(t *testing.T, b []byte) string {
 
 func TestTracesListAndGet(t *testing.T) {
 	f := newFixture(t, Options{})
-	var list struct{ Traces []store.Trace }
+	var list struct{ Traces []gpu.Trace }
 	f.getJSON(t, "/api/traces", &list)
 	if len(list.Traces) != 1 || list.Traces[0].ID != f.id {
 		t.Fatalf("list = %+v", list)
 	}
 	tr := list.Traces[0]
-	if tr.Events == 0 || tr.PeakAllocated == 0 || tr.PeakReserved < tr.PeakAllocated || tr.Status != store.StatusComplete {
+	if tr.Events == 0 || tr.PeakAllocated == 0 || tr.PeakReserved < tr.PeakAllocated || tr.Status != gpu.StatusComplete {
 		t.Fatalf("trace = %+v", tr)
 	}
-	var one store.Trace
+	var one gpu.Trace
 	f.getJSON(t, "/api/traces/"+f.id, &one)
 	if one.ID != f.id || one.Events != tr.Events {
 		t.Fatalf("trace = %+v", one)
@@ -348,7 +349,7 @@ func TestUploadAndDelete(t *testing.T) {
 	}
 	var up uploadJSON
 	json.Unmarshal(b, &up)
-	if len(up.Traces) == 0 || up.URL != "/traces/"+up.Traces[0].ID || up.Traces[0].Source != store.SourceSnapshot {
+	if len(up.Traces) == 0 || up.URL != "/traces/"+up.Traces[0].ID || up.Traces[0].Source != gpu.SourceSnapshot {
 		t.Fatalf("upload = %s", b)
 	}
 	f.get(t, up.URL, http.StatusOK)

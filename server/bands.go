@@ -4,10 +4,9 @@ import (
 	"math"
 	"net/http"
 	"sort"
+	"vramscope/gpu"
 
 	"github.com/go-chi/chi/v5"
-
-	"vramscope/store"
 )
 
 // The stacked "active memory timeline" (memory_viz's), answered per pixel
@@ -121,7 +120,7 @@ func (s *Server) bands(id string, t0, t1 int64, cols, h int) (*bandsJSON, error)
 			break
 		}
 		// Too many runs: keep the larger half.
-		bySize := append([]store.Allocation(nil), kept...)
+		bySize := append([]gpu.Allocation(nil), kept...)
 		sort.Slice(bySize, func(i, j int) bool { return bySize[i].Size > bySize[j].Size })
 		cut := bySize[len(bySize)/2].Size
 		next := kept[:0:0]
@@ -141,9 +140,9 @@ func (s *Server) bands(id string, t0, t1 int64, cols, h int) (*bandsJSON, error)
 
 // stack lays kept out (sorted by seq) over the columns, filling out.Small,
 // and returns the bands and their run count.
-func stack(out *bandsJSON, kept []store.Allocation, colOf func(int64) int) ([]bandJSON, int) {
+func stack(out *bandsJSON, kept []gpu.Allocation, colOf func(int64) int) ([]bandJSON, int) {
 	cols := out.W
-	span := func(a *store.Allocation) (int, int) {
+	span := func(a *gpu.Allocation) (int, int) {
 		c0 := max(0, colOf(max(a.AllocUS, out.T0)))
 		end := min(a.FreeUS, out.T1)
 		c1 := min(cols-1, colOf(end))

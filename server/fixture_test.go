@@ -47,7 +47,7 @@ func record(db *store.DB, name string, w workload) (string, caching.Stats, error
 		w.Capacity = 40 << 30
 	}
 	dev := sim.New(w.Capacity, sim.WithName("Simulated GPU"))
-	wr, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceTrace, DeviceName: dev.Name(),
+	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
 		Capacity: w.Capacity, Settings: w.Conf}, gpu.NewLayout(cfg.Rules))
 	if err != nil {
 		return "", caching.Stats{}, err
@@ -101,7 +101,7 @@ func record(db *store.DB, name string, w workload) (string, caching.Stats, error
 	}
 	a.EmptyCache()
 	a.Flush()
-	if err := wr.Close(store.StatusComplete); err != nil {
+	if err := wr.Close(gpu.StatusComplete); err != nil {
 		return "", caching.Stats{}, err
 	}
 	return wr.ID(), a.Stats(), nil

@@ -31,7 +31,7 @@ type incidentJSON struct {
 	Trace    string          `json:"trace"`
 	N        int             `json:"n"`
 	Count    int             `json:"count"`
-	Incident store.Incident  `json:"incident"`
+	Incident gpu.Incident    `json:"incident"`
 	Report   incident.Report `json:"report"`
 	// CapacityEstimated: the trace lacks its device's capacity (snapshots
 	// do), so Report.Capacity is what the allocator held plus what the
@@ -63,7 +63,7 @@ func (s *Server) apiIncidents(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	type item struct {
-		store.Incident
+		gpu.Incident
 		URL string `json:"url"`
 	}
 	out := make([]item, len(ins))
@@ -252,7 +252,7 @@ func (s *Server) apiWhatIf(w http.ResponseWriter, r *http.Request) {
 // whatIf replays the whole trace as `vramscope whatif TRACE` does, under
 // the original settings and each incident.Variants. Fragmentation is
 // measured just before incident n's request: only its OOM stays marked.
-func (s *Server) whatIf(t store.Trace, n int) (whatifJSON, error) {
+func (s *Server) whatIf(t gpu.Trace, n int) (whatifJSON, error) {
 	db := s.opt.DB
 	initial, _, err := db.LayoutAtSeq(t.ID, t.FirstSeq-1)
 	if err != nil {
@@ -285,7 +285,7 @@ func (s *Server) whatIf(t store.Trace, n int) (whatifJSON, error) {
 func (s *Server) pageIncident(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	t, err := s.opt.DB.Trace(id)
-	var all []store.Incident
+	var all []gpu.Incident
 	if err == nil {
 		all, err = s.opt.DB.Incidents(id)
 	}

@@ -37,7 +37,7 @@ func recordWorkload(tb testing.TB, db *store.DB, name string, w tracer.Workload,
 		tb.Fatal(err)
 	}
 	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
-	wr, err := db.CreateTrace(store.TraceMeta{Name: name, Source: store.SourceTrace, DeviceName: dev.Name(),
+	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
 		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
 	if err != nil {
 		tb.Fatal(err)
@@ -52,7 +52,7 @@ func recordWorkload(tb testing.TB, db *store.DB, name string, w tracer.Workload,
 	if runErr != nil && !errors.As(runErr, &oom) {
 		tb.Fatal(runErr)
 	}
-	if err := wr.Close(store.StatusComplete); err != nil {
+	if err := wr.Close(gpu.StatusComplete); err != nil {
 		tb.Fatal(err)
 	}
 	return wr.ID()
@@ -137,7 +137,7 @@ func TestIncidentFragmentation(t *testing.T) {
 
 	var list struct {
 		Incidents []struct {
-			store.Incident
+			gpu.Incident
 			URL string `json:"url"`
 		}
 	}

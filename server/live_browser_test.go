@@ -8,10 +8,10 @@ import (
 
 	"github.com/chromedp/chromedp"
 
+	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
 	"vramscope/live"
-	"vramscope/store"
 	"vramscope/tracer"
 )
 
@@ -23,7 +23,7 @@ func TestBrowserFollowsLiveTrace(t *testing.T) {
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	dir := shotDir(t)
 
-	c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: store.TraceMeta{Name: "live run", Source: store.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}})
+	c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: gpu.TraceMeta{Name: "live run", Source: gpu.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,12 +76,12 @@ func TestBrowserFollowsLiveTrace(t *testing.T) {
 	within(t, ctx, "resume", chromedp.KeyEvent("l"))
 	waitFor(t, ctx, "following again", `document.querySelector(".live-badge").dataset.following === "1" && window.vramscope.t1 > `+ftoa(paused))
 
-	if err := c.Close(store.StatusComplete); err != nil {
+	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, ctx, "complete badge", `document.querySelector(".live-badge").textContent.includes("complete")`)
 	tr, err := f.db.Trace(c.TraceID())
-	if err != nil || tr.Status != store.StatusComplete || tr.Events != a.Seq() {
+	if err != nil || tr.Status != gpu.StatusComplete || tr.Events != a.Seq() {
 		t.Fatalf("stored trace %+v, %v (allocator emitted %d)", tr, err, a.Seq())
 	}
 	if !strings.HasPrefix(tr.Name, "live run") {

@@ -59,7 +59,7 @@ func StoreSnapshot(db *store.DB, keep []*pytorch.Trace, name string) ([]string, 
 		}
 	}
 	for _, t := range keep {
-		meta := store.TraceMeta{Name: name, Source: store.SourceSnapshot, DeviceOrdinal: t.Device,
+		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
 			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf}
 		if len(keep) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
@@ -102,7 +102,7 @@ func StoreSnapshot(db *store.DB, keep []*pytorch.Trace, name string) ([]string, 
 	}
 	var out []string
 	for _, w := range ws {
-		if err := w.Close(store.StatusComplete); err != nil {
+		if err := w.Close(gpu.StatusComplete); err != nil {
 			abort()
 			return nil, err
 		}
@@ -112,8 +112,8 @@ func StoreSnapshot(db *store.DB, keep []*pytorch.Trace, name string) ([]string, 
 }
 
 type uploadJSON struct {
-	Traces []store.Trace `json:"traces"`
-	URL    string        `json:"url"`
+	Traces []gpu.Trace `json:"traces"`
+	URL    string      `json:"url"`
 }
 
 // apiUpload takes a snapshot as the raw body (name from ?name= or the
@@ -149,7 +149,7 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		s.uploadError(w, r, err)
 		return
 	}
-	out := uploadJSON{Traces: []store.Trace{}}
+	out := uploadJSON{Traces: []gpu.Trace{}}
 	for _, id := range ids {
 		t, err := s.opt.DB.Trace(id)
 		if err != nil {

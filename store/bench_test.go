@@ -39,7 +39,7 @@ func ingest(tb testing.TB, db *DB, evs []gpu.Event) *Writer {
 	for i := 0; i < len(evs); i += 4096 {
 		w.Emit(evs[i:min(i+4096, len(evs))])
 	}
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		tb.Fatal(err)
 	}
 	return w
@@ -78,10 +78,10 @@ func BenchmarkIngest(b *testing.B) {
 
 // benchDB opens (building if needed) a database holding one trace of n
 // events.
-func benchDB(b *testing.B, n int) (*DB, Trace) {
+func benchDB(b *testing.B, n int) (*DB, gpu.Trace) {
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-store-bench-v1-%d.db", n))
 	if db, err := Open(path); err == nil {
-		if ts, err := db.Traces(); err == nil && len(ts) == 1 && ts[0].Events == int64(n) && ts[0].Status == StatusComplete {
+		if ts, err := db.Traces(); err == nil && len(ts) == 1 && ts[0].Events == int64(n) && ts[0].Status == gpu.StatusComplete {
 			return db, ts[0]
 		}
 		db.Close()
@@ -108,7 +108,7 @@ func benchDB(b *testing.B, n int) (*DB, Trace) {
 		w.Emit(batch)
 		written += len(batch)
 	}
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		b.Fatal(err)
 	}
 	t, err := db.Trace(w.ID())
@@ -120,7 +120,7 @@ func benchDB(b *testing.B, n int) (*DB, Trace) {
 
 var benchSizes = []int{100_000, 1_000_000, 10_000_000}
 
-func benchQueries(b *testing.B, fn func(db *DB, t Trace, rng *rand.Rand) error) {
+func benchQueries(b *testing.B, fn func(db *DB, t gpu.Trace, rng *rand.Rand) error) {
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("events=%d", n), func(b *testing.B) {
 			db, t := benchDB(b, n)
@@ -137,7 +137,7 @@ func benchQueries(b *testing.B, fn func(db *DB, t Trace, rng *rand.Rand) error) 
 }
 
 // window picks a window of random width (1 ms to the whole trace) and place.
-func window(t Trace, rng *rand.Rand) (int64, int64) {
+func window(t gpu.Trace, rng *rand.Rand) (int64, int64) {
 	span := t.LastUS - t.FirstUS
 	w := int64(1000)
 	for w < span && rng.IntN(3) > 0 {
@@ -149,14 +149,14 @@ func window(t Trace, rng *rand.Rand) (int64, int64) {
 }
 
 func BenchmarkLayoutAt(b *testing.B) {
-	benchQueries(b, func(db *DB, t Trace, rng *rand.Rand) error {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
 		_, _, err := db.LayoutAt(t.ID, t.FirstUS+rng.Int64N(t.LastUS-t.FirstUS+1))
 		return err
 	})
 }
 
 func BenchmarkUsage(b *testing.B) {
-	benchQueries(b, func(db *DB, t Trace, rng *rand.Rand) error {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
 		t0, t1 := window(t, rng)
 		_, err := db.Usage(t.ID, t0, t1, 2000)
 		return err
@@ -166,7 +166,7 @@ func BenchmarkUsage(b *testing.B) {
 // BenchmarkAllocations asks for the allocations at least one pixel tall on
 // a 1000-pixel axis of the trace's peak.
 func BenchmarkAllocations(b *testing.B) {
-	benchQueries(b, func(db *DB, t Trace, rng *rand.Rand) error {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
 		t0, t1 := window(t, rng)
 		_, err := db.Allocations(t.ID, t0, t1, t.PeakReserved/1000, 20000)
 		return err

@@ -98,7 +98,7 @@ func TestSIGKILL(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tr.Status != StatusIncomplete {
+	if tr.Status != gpu.StatusIncomplete {
 		t.Fatalf("status %s after the writer was killed, want incomplete", tr.Status)
 	}
 	if tr.LastSeq < flushed {
@@ -125,7 +125,7 @@ func TestSIGKILL(t *testing.T) {
 		t.Fatal("a trace being written was resumed twice")
 	}
 	w.Emit(evs[last+1:])
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	all, err := db.Events(id, 0, 1<<62)

@@ -23,6 +23,7 @@ import (
 
 	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
 
+	"vramscope/gpu"
 	"vramscope/migrations"
 )
 
@@ -234,7 +235,7 @@ func liveKey(path string, tid int64) string { return path + "\x00" + strconv.For
 // markAbandoned marks incomplete the live traces whose writing process has
 // gone (killed, crashed, or closed without finishing them).
 func (db *DB) markAbandoned() error {
-	rows, err := db.w.Query("SELECT tid, owner_pid FROM traces WHERE status = ?", string(StatusLive))
+	rows, err := db.w.Query("SELECT tid, owner_pid FROM traces WHERE status = ?", string(gpu.StatusLive))
 	if err != nil {
 		return err
 	}
@@ -254,7 +255,7 @@ func (db *DB) markAbandoned() error {
 		return err
 	}
 	for _, tid := range dead {
-		if _, err := db.w.Exec("UPDATE traces SET status = ? WHERE tid = ? AND status = ?", string(StatusIncomplete), tid, string(StatusLive)); err != nil {
+		if _, err := db.w.Exec("UPDATE traces SET status = ? WHERE tid = ? AND status = ?", string(gpu.StatusIncomplete), tid, string(gpu.StatusLive)); err != nil {
 			return err
 		}
 	}

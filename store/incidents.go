@@ -11,19 +11,8 @@ import (
 	"vramscope/gpu"
 )
 
-// Incident is an oom event of a trace, numbered from 1.
-type Incident struct {
-	N          int         `json:"n"`
-	Seq        int64       `json:"seq"`
-	TimeUS     int64       `json:"time_us"`
-	Size       uint64      `json:"size"` // the rounded request
-	DeviceFree uint64      `json:"device_free"`
-	Stream     int64       `json:"stream"`
-	Stack      gpu.StackID `json:"stack"`
-}
-
 // Incidents returns a trace's OOM incidents in order.
-func (db *DB) Incidents(id string) ([]Incident, error) {
+func (db *DB) Incidents(id string) ([]gpu.Incident, error) {
 	tid, _, err := lookup(db.r, id)
 	if err != nil {
 		return nil, err
@@ -33,9 +22,9 @@ func (db *DB) Incidents(id string) ([]Incident, error) {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Incident
+	var out []gpu.Incident
 	for rows.Next() {
-		var in Incident
+		var in gpu.Incident
 		var size, free, stack int64
 		if err := rows.Scan(&in.N, &in.Seq, &in.TimeUS, &size, &free, &in.Stream, &stack); err != nil {
 			return nil, err
@@ -47,13 +36,13 @@ func (db *DB) Incidents(id string) ([]Incident, error) {
 }
 
 // IncidentN returns incident n (from 1) of a trace.
-func (db *DB) IncidentN(id string, n int) (Incident, error) {
+func (db *DB) IncidentN(id string, n int) (gpu.Incident, error) {
 	all, err := db.Incidents(id)
 	if err != nil {
-		return Incident{}, err
+		return gpu.Incident{}, err
 	}
 	if n < 1 || n > len(all) {
-		return Incident{}, fmt.Errorf("trace %q has no incident %d: %w", id, n, ErrNotFound)
+		return gpu.Incident{}, fmt.Errorf("trace %q has no incident %d: %w", id, n, ErrNotFound)
 	}
 	return all[n-1], nil
 }

@@ -15,7 +15,7 @@ func TestIncidentsAndPermalinks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w, err := db.CreateTrace(TraceMeta{Name: "oom", Source: SourceTrace}, nil)
+	w, err := db.CreateTrace(gpu.TraceMeta{Name: "oom", Source: gpu.SourceTrace}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,14 +24,14 @@ func TestIncidentsAndPermalinks(t *testing.T) {
 		{Seq: 1, TimeUS: 2, Action: gpu.ActionOOM, Size: 10 << 20, DeviceFree: 5, Stream: 7, Stack: 0},
 		{Seq: 2, TimeUS: 3, Action: gpu.ActionOOM, Size: 20 << 20, DeviceFree: 6},
 	})
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	ins, err := db.Incidents(w.ID())
 	if err != nil || len(ins) != 2 {
 		t.Fatalf("%v %v", ins, err)
 	}
-	if ins[0] != (Incident{N: 1, Seq: 1, TimeUS: 2, Size: 10 << 20, DeviceFree: 5, Stream: 7}) || ins[1].N != 2 || ins[1].Size != 20<<20 {
+	if ins[0] != (gpu.Incident{N: 1, Seq: 1, TimeUS: 2, Size: 10 << 20, DeviceFree: 5, Stream: 7}) || ins[1].N != 2 || ins[1].Size != 20<<20 {
 		t.Errorf("incidents %+v", ins)
 	}
 	if _, err := db.IncidentN(w.ID(), 3); !errors.Is(err, ErrNotFound) {

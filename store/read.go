@@ -17,8 +17,8 @@ const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity,
 
 type scanner interface{ Scan(...any) error }
 
-func scanTrace(s scanner) (int64, Trace, error) {
-	var t Trace
+func scanTrace(s scanner) (int64, gpu.Trace, error) {
+	var t gpu.Trace
 	var tid, capacity, pr, pa, pc, created int64
 	var rules, source, status string
 	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
@@ -26,7 +26,7 @@ func scanTrace(s scanner) (int64, Trace, error) {
 	if err != nil {
 		return 0, t, err
 	}
-	t.Source, t.Status = Source(source), Status(status)
+	t.Source, t.Status = gpu.TraceSource(source), gpu.TraceStatus(status)
 	t.Capacity, t.PeakReserved, t.PeakAllocated, t.PeakActive = uint64(capacity), uint64(pr), uint64(pa), uint64(pc)
 	t.Created = time.UnixMicro(created).UTC()
 	if err := json.Unmarshal([]byte(rules), &t.Rules); err != nil {
@@ -36,13 +36,13 @@ func scanTrace(s scanner) (int64, Trace, error) {
 }
 
 // Traces lists every trace, newest first.
-func (db *DB) Traces() ([]Trace, error) {
+func (db *DB) Traces() ([]gpu.Trace, error) {
 	rows, err := db.r.Query("SELECT " + traceCols + " FROM traces ORDER BY created_us DESC, tid DESC")
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var out []Trace
+	var out []gpu.Trace
 	for rows.Next() {
 		_, t, err := scanTrace(rows)
 		if err != nil {
@@ -54,7 +54,7 @@ func (db *DB) Traces() ([]Trace, error) {
 }
 
 // Trace returns one trace.
-func (db *DB) Trace(id string) (Trace, error) {
+func (db *DB) Trace(id string) (gpu.Trace, error) {
 	_, t, err := lookup(db.r, id)
 	return t, err
 }
@@ -64,7 +64,7 @@ type querier interface {
 	Query(string, ...any) (*sql.Rows, error)
 }
 
-func lookup(q querier, id string) (int64, Trace, error) {
+func lookup(q querier, id string) (int64, gpu.Trace, error) {
 	tid, t, err := scanTrace(q.QueryRow("SELECT "+traceCols+" FROM traces WHERE id = ?", id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, t, fmt.Errorf("trace %q: %w", id, ErrNotFound)
@@ -85,7 +85,7 @@ func (db *DB) DeleteTrace(id string) error {
 		if err != nil {
 			return err
 		}
-		if Status(status) == StatusLive && processAlive(db.path, tid, int(pid)) {
+		if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
 			return fmt.Errorf("trace %q is being written; stop its writer first", id)
 		}
 		return deleteTrace(tx, tid)
@@ -98,7 +98,7 @@ type reader struct {
 	tx    *sql.Tx
 	bins  *sql.Stmt // binScan's query, prepared once per reader
 	tid   int64
-	trace Trace
+	trace gpu.Trace
 }
 
 func (db *DB) begin(id string) (*reader, error) {
@@ -511,28 +511,14 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 	return out, nil
 }
 
-// Allocation is one allocation's interval: from its alloc event to the event
-// that ended it (free_requested, or free_completed when none came first).
-type Allocation struct {
-	Seq       int64       `json:"seq"`      // the alloc event; -1: allocated before the trace
-	FreeSeq   int64       `json:"free_seq"` // -1: still allocated
-	Addr      uint64      `json:"address"`
-	Size      uint64      `json:"size"` // the block's size
-	Requested uint64      `json:"requested_size"`
-	Stream    int64       `json:"stream"`
-	AllocUS   int64       `json:"alloc_us"` // BeforeTraceUS when Seq is -1
-	FreeUS    int64       `json:"free_us"`  // NeverFreedUS while allocated
-	Stack     gpu.StackID `json:"stack,omitempty"`
-}
-
-func (a *allocRec) allocation() Allocation {
-	return Allocation{Seq: a.allocSeq, FreeSeq: a.freeSeq, Addr: a.addr, Size: a.size, Requested: a.requested,
+func (a *allocRec) allocation() gpu.Allocation {
+	return gpu.Allocation{Seq: a.allocSeq, FreeSeq: a.freeSeq, Addr: a.addr, Size: a.size, Requested: a.requested,
 		Stream: a.stream, AllocUS: a.allocUS, FreeUS: a.freeUS, Stack: a.stack}
 }
 
 // Allocations is the answer to a window query.
 type Allocations struct {
-	Allocations []Allocation `json:"allocations"`
+	Allocations []gpu.Allocation `json:"allocations"`
 	// Total and TotalBytes count every allocation alive in the window;
 	// Omitted and OmittedBytes those left out (too small or past the limit).
 	Total        int64  `json:"total"`
@@ -638,7 +624,7 @@ func (db *DB) Allocations(id string, t0, t1 int64, minBytes uint64, limit int) (
 	if limit > 0 && len(found) > limit {
 		found = found[:limit]
 	}
-	out.Allocations = make([]Allocation, len(found))
+	out.Allocations = make([]gpu.Allocation, len(found))
 	var bytes uint64
 	for i := range found {
 		out.Allocations[i] = found[i].allocation()
@@ -714,10 +700,10 @@ func decodeAllocs(data []byte) ([]allocRec, error) {
 
 // Allocation returns the allocation made by the alloc event seq, and its
 // stack (nil when none was recorded).
-func (db *DB) Allocation(id string, seq int64) (Allocation, gpu.Stack, error) {
+func (db *DB) Allocation(id string, seq int64) (gpu.Allocation, gpu.Stack, error) {
 	r, err := db.begin(id)
 	if err != nil {
-		return Allocation{}, nil, err
+		return gpu.Allocation{}, nil, err
 	}
 	var ev *gpu.Event
 	err = r.events(seq, seq+1, func(e *gpu.Event) bool { c := *e; ev = &c; return false })
@@ -730,7 +716,7 @@ func (db *DB) Allocation(id string, seq int64) (Allocation, gpu.Stack, error) {
 	}
 	r.close()
 	if err != nil {
-		return Allocation{}, nil, err
+		return gpu.Allocation{}, nil, err
 	}
 	a := found.allocation()
 	if a.Stack == 0 {

@@ -32,7 +32,7 @@ func TestWriterRefusesUnencodableEvents(t *testing.T) {
 				t.Fatal(err)
 			}
 			w.Emit(c.evs)
-			err = w.Close(StatusComplete)
+			err = w.Close(gpu.StatusComplete)
 			if err == nil || !strings.Contains(err.Error(), c.want) {
 				t.Fatalf("stored %v: error %v, want one about the %s", c.evs, err, c.want)
 			}
@@ -40,7 +40,7 @@ func TestWriterRefusesUnencodableEvents(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if tr.Status == StatusComplete {
+			if tr.Status == gpu.StatusComplete {
 				t.Fatal("the trace is complete after an event was refused")
 			}
 			if evs, err := db.Events(w.ID(), -1, 10); err != nil || int64(len(evs)) != tr.Events {
@@ -62,7 +62,7 @@ func TestWriterRefusesUnencodableEvents(t *testing.T) {
 		{Seq: 3, TimeUS: 4, Action: gpu.ActionOOM, Size: 1 << 40},
 	}
 	w.Emit(evs)
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.Events(w.ID(), 0, 10)
@@ -90,7 +90,7 @@ func TestResumeRaceHasOneWinner(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.Emit([]gpu.Event{{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 21, Size: 2 << 20}})
-	if err := w.Close(StatusIncomplete); err != nil {
+	if err := w.Close(gpu.StatusIncomplete); err != nil {
 		t.Fatal(err)
 	}
 	id := w.ID()
@@ -122,10 +122,10 @@ func TestResumeRaceHasOneWinner(t *testing.T) {
 			t.Fatalf("round %d: %d of %d resumes got a writer", round, len(won), len(dbs))
 		}
 		tr, err := db2.Trace(id)
-		if err != nil || tr.Status != StatusLive {
+		if err != nil || tr.Status != gpu.StatusLive {
 			t.Fatalf("round %d: trace %s (%v) while resumed", round, tr.Status, err)
 		}
-		if err := won[0].Close(StatusIncomplete); err != nil {
+		if err := won[0].Close(gpu.StatusIncomplete); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -28,7 +28,7 @@ func (db *DB) ResumeTrace(id string) (*Writer, int64, error) {
 
 // claimed is what a trace's status and owner were before a claim.
 type claimed struct {
-	status Status
+	status gpu.TraceStatus
 	pid    int64
 }
 
@@ -40,7 +40,7 @@ func (db *DB) claim(id string) (int64, claimed, error) {
 	var prev claimed
 	registered := false
 	err := db.write(func(tx *sql.Tx) error {
-		var t Trace
+		var t gpu.Trace
 		var err error
 		if tid, t, err = lookup(tx, id); err != nil {
 			return err
@@ -50,12 +50,12 @@ func (db *DB) claim(id string) (int64, claimed, error) {
 		}
 		prev.status = t.Status
 		switch {
-		case t.Status == StatusLive && processAlive(db.path, tid, int(prev.pid)):
+		case t.Status == gpu.StatusLive && processAlive(db.path, tid, int(prev.pid)):
 			return fmt.Errorf("store: trace %s is still being written", id)
-		case t.Status != StatusLive && t.Status != StatusIncomplete:
+		case t.Status != gpu.StatusLive && t.Status != gpu.StatusIncomplete:
 			return fmt.Errorf("store: trace %s is %s; only live or incomplete traces can be resumed", id, t.Status)
 		}
-		if _, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(StatusLive), os.Getpid(), tid); err != nil {
+		if _, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(gpu.StatusLive), os.Getpid(), tid); err != nil {
 			return err
 		}
 		// Registered before the commit: a claim that runs after this one
@@ -80,7 +80,7 @@ func (db *DB) unclaim(tid int64, prev claimed) error {
 	defer db.unregister(tid)
 	return db.write(func(tx *sql.Tx) error {
 		_, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ? AND status = ? AND owner_pid = ?",
-			string(prev.status), prev.pid, tid, string(StatusLive), os.Getpid())
+			string(prev.status), prev.pid, tid, string(gpu.StatusLive), os.Getpid())
 		return err
 	})
 }

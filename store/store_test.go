@@ -22,7 +22,7 @@ func openTemp(t testing.TB) (*DB, string) {
 	return db, path
 }
 
-var testMeta = TraceMeta{Name: "test", Source: SourceTrace, DeviceName: "sim", Capacity: 80 << 30, Settings: "expandable_segments:False"}
+var testMeta = gpu.TraceMeta{Name: "test", Source: gpu.SourceTrace, DeviceName: "sim", Capacity: 80 << 30, Settings: "expandable_segments:False"}
 
 // writeTrace stores events in batches of random sizes.
 func writeTrace(t testing.TB, db *DB, initial *gpu.Layout, evs []gpu.Event, stacks int) *Writer {
@@ -117,18 +117,18 @@ func (ref *reference) layoutAtSeq(seq int64) *gpu.Layout {
 }
 
 // allocations lists every allocation interval.
-func (ref *reference) allocations() []Allocation {
+func (ref *reference) allocations() []gpu.Allocation {
 	l := ref.initial.Clone()
-	open := map[uint64]Allocation{}
+	open := map[uint64]gpu.Allocation{}
 	for _, s := range l.Segments {
 		for _, b := range s.Blocks {
 			if b.State == gpu.BlockAllocated {
-				open[b.Addr] = Allocation{Seq: b.Seq, FreeSeq: -1, Addr: b.Addr, Size: b.Size, Requested: b.Requested,
-					Stream: s.Stream, AllocUS: BeforeTraceUS, FreeUS: NeverFreedUS, Stack: b.Stack}
+				open[b.Addr] = gpu.Allocation{Seq: b.Seq, FreeSeq: -1, Addr: b.Addr, Size: b.Size, Requested: b.Requested,
+					Stream: s.Stream, AllocUS: gpu.BeforeTraceUS, FreeUS: gpu.NeverFreedUS, Stack: b.Stack}
 			}
 		}
 	}
-	var out []Allocation
+	var out []gpu.Allocation
 	for _, e := range ref.evs {
 		var prior gpu.BlockState
 		if b := l.BlockAt(e.Addr); b != nil {
@@ -140,8 +140,8 @@ func (ref *reference) allocations() []Allocation {
 		switch {
 		case e.Action == gpu.ActionAlloc:
 			b := l.BlockAt(e.Addr)
-			open[e.Addr] = Allocation{Seq: e.Seq, FreeSeq: -1, Addr: e.Addr, Size: b.Size, Requested: e.Size,
-				Stream: e.Stream, AllocUS: e.TimeUS, FreeUS: NeverFreedUS, Stack: e.Stack}
+			open[e.Addr] = gpu.Allocation{Seq: e.Seq, FreeSeq: -1, Addr: e.Addr, Size: b.Size, Requested: e.Size,
+				Stream: e.Stream, AllocUS: e.TimeUS, FreeUS: gpu.NeverFreedUS, Stack: e.Stack}
 		case e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted && prior == gpu.BlockAllocated:
 			a := open[e.Addr]
 			delete(open, e.Addr)
@@ -181,7 +181,7 @@ func TestRoundTrip(t *testing.T) {
 	g.stacks = 20
 	evs := g.events(30000)
 	w := writeTrace(t, db, nil, evs, 20)
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.Events(w.ID(), 0, 1<<62)
@@ -209,7 +209,7 @@ func TestRoundTrip(t *testing.T) {
 			ooms++
 		}
 	}
-	want := Trace{ID: w.ID(), TraceMeta: testMeta, Status: StatusComplete, Events: int64(len(evs)), FirstSeq: 0, LastSeq: evs[len(evs)-1].Seq,
+	want := gpu.Trace{ID: w.ID(), TraceMeta: testMeta, Status: gpu.StatusComplete, Events: int64(len(evs)), FirstSeq: 0, LastSeq: evs[len(evs)-1].Seq,
 		FirstUS: evs[0].TimeUS, LastUS: evs[len(evs)-1].TimeUS, PeakReserved: peak.reserved, PeakAllocated: peak.allocated,
 		PeakActive: peak.active, OOMs: ooms, Created: tr.Created, Rules: gpu.DefaultRules()}
 	if !reflect.DeepEqual(tr, want) {
@@ -240,7 +240,7 @@ func TestBlockSizeDerived(t *testing.T) {
 		in[i].BlockSize = 0
 	}
 	w := writeTrace(t, db, nil, in, 0)
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	got, err := db.Events(w.ID(), 0, 1<<62)
@@ -259,11 +259,11 @@ func TestBadEventFails(t *testing.T) {
 	if w.Err() == nil || !strings.Contains(w.Err().Error(), "event 0") {
 		t.Fatalf("alloc outside any segment: err %v", w.Err())
 	}
-	if err := w.Close(StatusComplete); err == nil {
+	if err := w.Close(gpu.StatusComplete); err == nil {
 		t.Fatal("Close after a bad event succeeded")
 	}
 	tr, _ := db.Trace(w.ID())
-	if tr.Status != StatusFailed {
+	if tr.Status != gpu.StatusFailed {
 		t.Fatalf("status %s, want failed", tr.Status)
 	}
 }
@@ -330,7 +330,7 @@ func TestLayoutAt(t *testing.T) {
 		sameLayout(t, "before", got, initial)
 	}
 	check() // live, partly committed chunk
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	check()
@@ -397,7 +397,7 @@ func TestUsage(t *testing.T) {
 		}
 	}
 	check()
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	check()
@@ -410,7 +410,7 @@ func TestUsage(t *testing.T) {
 
 func bruteAllocations(ref *reference, t0, t1 int64, minBytes uint64, limit int) Allocations {
 	var out Allocations
-	var kept []Allocation
+	var kept []gpu.Allocation
 	for _, a := range ref.allocations() {
 		if a.AllocUS <= t1 && a.FreeUS > t0 {
 			out.Total++
@@ -497,7 +497,7 @@ func TestAllocations(t *testing.T) {
 		}
 	}
 	check()
-	if err := w.Close(StatusComplete); err != nil {
+	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	check()
@@ -518,7 +518,7 @@ func countRows(t *testing.T, db *DB) int {
 func TestAbortLeavesNothing(t *testing.T) {
 	db, _ := openTemp(t)
 	keep := writeTrace(t, db, nil, newGen(5, 50).events(3000), 0)
-	if err := keep.Close(StatusComplete); err != nil {
+	if err := keep.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
 	before := countRows(t, db)

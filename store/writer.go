@@ -15,55 +15,6 @@ import (
 	"vramscope/gpu"
 )
 
-// Source says where a trace came from.
-type Source string
-
-const (
-	SourceTrace    Source = "trace"
-	SourceSnapshot Source = "snapshot"
-	SourceLive     Source = "live"
-	SourceReplay   Source = "replay"
-)
-
-// Status is a trace's state: live while a Writer appends to it, complete or
-// failed once closed, incomplete when its writer went away without closing.
-type Status string
-
-const (
-	StatusLive       Status = "live"
-	StatusComplete   Status = "complete"
-	StatusIncomplete Status = "incomplete"
-	StatusFailed     Status = "failed"
-)
-
-// TraceMeta is what the creator of a trace says about it.
-type TraceMeta struct {
-	Name          string `json:"name"`
-	Source        Source `json:"source"`
-	DeviceOrdinal int    `json:"device_ordinal"`
-	DeviceName    string `json:"device_name"`
-	Capacity      uint64 `json:"capacity_bytes"`
-	Settings      string `json:"allocator_settings"` // PYTORCH_CUDA_ALLOC_CONF style
-}
-
-// Trace is a stored trace: its metadata and what the store counted.
-type Trace struct {
-	ID string `json:"id"`
-	TraceMeta
-	Status        Status    `json:"status"`
-	Events        int64     `json:"events"`
-	FirstSeq      int64     `json:"first_seq"` // -1 when there are no events
-	LastSeq       int64     `json:"last_seq"`
-	FirstUS       int64     `json:"first_us"`
-	LastUS        int64     `json:"last_us"`
-	PeakReserved  uint64    `json:"peak_reserved_bytes"`
-	PeakAllocated uint64    `json:"peak_allocated_bytes"`
-	PeakActive    uint64    `json:"peak_active_bytes"`
-	OOMs          int64     `json:"oom_count"`
-	Created       time.Time `json:"created"`
-	Rules         gpu.Rules `json:"-"`
-}
-
 const (
 	// flushEvents: a commit every this many events bounds what a crash
 	// loses and what one transaction holds.
@@ -85,15 +36,8 @@ const (
 	// initialSeq keys the checkpoint of the layout before the first event.
 	initialSeq = -1 << 62
 	// beforeUS is the allocation time of blocks live before the trace began.
-	beforeUS = -1 << 61
+	beforeUS = gpu.BeforeTraceUS
 )
-
-// BeforeTraceUS is Allocation.AllocUS for blocks allocated before the trace
-// began (their Seq is -1).
-const BeforeTraceUS int64 = beforeUS
-
-// NeverFreedUS is Allocation.FreeUS for allocations still live.
-const NeverFreedUS int64 = 1<<63 - 1
 
 // allocCounts are running counts of allocation intervals begun and ended.
 type allocCounts struct {
@@ -176,7 +120,7 @@ type pending struct {
 	checkpoints []checkpointRow
 	bins        []binRow
 	classes     []binKey
-	incidents   []Incident
+	incidents   []gpu.Incident
 	events      int
 }
 
@@ -222,12 +166,12 @@ func newTraceID() string {
 
 // CreateTrace starts a live trace whose layout before the first event is
 // initial (nil: empty under PyTorch's default rules).
-func (db *DB) CreateTrace(meta TraceMeta, initial *gpu.Layout) (*Writer, error) {
+func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, error) {
 	if initial == nil {
 		initial = gpu.NewLayout(gpu.DefaultRules())
 	}
 	switch meta.Source {
-	case SourceTrace, SourceSnapshot, SourceLive, SourceReplay:
+	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay:
 	default:
 		return nil, fmt.Errorf("store: unknown trace source %q", meta.Source)
 	}
@@ -244,7 +188,7 @@ func (db *DB) CreateTrace(meta TraceMeta, initial *gpu.Layout) (*Writer, error) 
 		for _, b := range w.layout.Segments[i].Blocks {
 			if b.State == gpu.BlockAllocated {
 				w.open[b.Addr] = allocRec{addr: b.Addr, size: b.Size, requested: b.Requested, stream: w.layout.Segments[i].Stream,
-					allocUS: beforeUS, freeUS: NeverFreedUS, allocSeq: b.Seq, freeSeq: -1, stack: b.Stack}
+					allocUS: beforeUS, freeUS: gpu.NeverFreedUS, allocSeq: b.Seq, freeSeq: -1, stack: b.Stack}
 				w.cnt.allocs++
 				w.cnt.allocBytes += int64(b.Size)
 			}
@@ -256,7 +200,7 @@ func (db *DB) CreateTrace(meta TraceMeta, initial *gpu.Layout) (*Writer, error) 
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
 			peak_reserved, peak_allocated, peak_active) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.reserved), int64(w.peak.allocated), int64(w.peak.active))
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.reserved), int64(w.peak.allocated), int64(w.peak.active))
 		if err != nil {
 			return err
 		}
@@ -395,12 +339,12 @@ func (w *Writer) add(e gpu.Event) error {
 	w.peak = totals{max(w.peak.reserved, w.tot.reserved), max(w.peak.allocated, w.tot.allocated), max(w.peak.active, w.tot.active)}
 	if e.Action == gpu.ActionOOM {
 		w.ooms++
-		w.pend.incidents = append(w.pend.incidents, Incident{N: int(w.ooms), Seq: e.Seq, TimeUS: e.TimeUS,
+		w.pend.incidents = append(w.pend.incidents, gpu.Incident{N: int(w.ooms), Seq: e.Seq, TimeUS: e.TimeUS,
 			Size: e.Size, DeviceFree: e.DeviceFree, Stream: e.Stream, Stack: e.Stack})
 	}
 	if e.Action == gpu.ActionAlloc {
 		w.open[e.Addr] = allocRec{addr: e.Addr, size: blockSize, requested: e.Size, stream: e.Stream,
-			allocUS: e.TimeUS, freeUS: NeverFreedUS, allocSeq: e.Seq, freeSeq: -1, stack: e.Stack}
+			allocUS: e.TimeUS, freeUS: gpu.NeverFreedUS, allocSeq: e.Seq, freeSeq: -1, stack: e.Stack}
 		w.cnt.allocs++
 		w.cnt.allocBytes += int64(blockSize)
 	} else if endsAllocation(&e, ends) {
@@ -482,7 +426,7 @@ type batch struct {
 	partChunk *chunkRow
 	openBlob  []byte
 	trace     traceCounters
-	status    Status // set when closing
+	status    gpu.TraceStatus // set when closing
 }
 
 type traceCounters struct {
@@ -546,8 +490,8 @@ func (w *Writer) Flush() error {
 // Close finishes the trace with status (complete or failed; live is not a
 // final status) and waits for it to be stored. An earlier error is returned
 // and the trace is then marked failed.
-func (w *Writer) Close(status Status) error {
-	if status != StatusComplete && status != StatusFailed && status != StatusIncomplete {
+func (w *Writer) Close(status gpu.TraceStatus) error {
+	if status != gpu.StatusComplete && status != gpu.StatusFailed && status != gpu.StatusIncomplete {
 		return fmt.Errorf("store: %q is not a final trace status", status)
 	}
 	w.mu.Lock()
@@ -558,7 +502,7 @@ func (w *Writer) Close(status Status) error {
 	w.closed = true
 	defer w.unregister()
 	if w.Err() != nil {
-		status = StatusFailed
+		status = gpu.StatusFailed
 	}
 	if w.chunk.n > 0 {
 		w.pend.chunks = append(w.pend.chunks, w.chunk.row(false))

@@ -6,17 +6,19 @@ package web
 
 //lint:file-ignore SA4006 This context is only used if a nested component is present.
 
-import "github.com/a-h/templ"
-import templruntime "github.com/a-h/templ/runtime"
+import (
+	"vramscope/gpu"
 
-import "vramscope/store"
+	"github.com/a-h/templ"
+	templruntime "github.com/a-h/templ/runtime"
+)
 
 // IncidentPage is one OOM of a trace: the verdict, the segment map frozen
 // at the OOM with the pinning blocks marked, the timeline leading up to
 // it, the free memory by pool, the pinning stacks and the what-if table,
 // drawn by incident.js from the JSON API. The timeline window and the
 // selected block live in the URL's query string, as on the trace view.
-func IncidentPage(p Page, t store.Trace, all []store.Incident, n int) templ.Component {
+func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {

@@ -6,15 +6,17 @@ package web
 
 //lint:file-ignore SA4006 This context is only used if a nested component is present.
 
-import "github.com/a-h/templ"
-import templruntime "github.com/a-h/templ/runtime"
+import (
+	"vramscope/gpu"
 
-import "vramscope/store"
+	"github.com/a-h/templ"
+	templruntime "github.com/a-h/templ/runtime"
+)
 
 // TraceView is one trace: the timeline, the segment map and the details,
 // drawn by view.js from the JSON API. The view itself (window, cursor,
 // selection) lives in the URL's query string.
-func TraceView(p Page, t store.Trace) templ.Component {
+func TraceView(p Page, t gpu.Trace) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {

@@ -10,7 +10,6 @@ import (
 	"strconv"
 
 	"vramscope/gpu"
-	"vramscope/store"
 )
 
 // Bytes renders a size in binary units.
@@ -31,7 +30,7 @@ func Duration(us int64) string {
 	return fmt.Sprintf("%.1f min", float64(us)/6e7)
 }
 
-func nameOf(t store.Trace) string {
+func nameOf(t gpu.Trace) string {
 	if t.Name != "" {
 		return t.Name
 	}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"vramscope/gpu"
 	"vramscope/store"
 )
 
@@ -115,7 +116,7 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 		t.Fatalf("%d traces, %v", len(traces), err)
 	}
 	tr := traces[0]
-	if tr.OOMs != 1 || tr.Status != store.StatusComplete || tr.Events < 1000 || tr.Capacity != 4<<30 || !strings.Contains(out, tr.ID) {
+	if tr.OOMs != 1 || tr.Status != gpu.StatusComplete || tr.Events < 1000 || tr.Capacity != 4<<30 || !strings.Contains(out, tr.ID) {
 		t.Errorf("stored trace %+v", tr)
 	}
 	line := out[strings.Index(out, "/p/")+3:]

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"vramscope/gpu"
 	"vramscope/store"
 )
 
@@ -68,7 +69,7 @@ func TestTraceKilledMidRun(t *testing.T) {
 		t.Fatalf("%d traces, %v", len(traces), err)
 	}
 	tr := traces[0]
-	if tr.Status != store.StatusIncomplete {
+	if tr.Status != gpu.StatusIncomplete {
 		t.Errorf("status %s, want incomplete", tr.Status)
 	}
 	events, err := s.Events(tr.ID, 0, tr.LastSeq+1)

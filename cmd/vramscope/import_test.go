@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"vramscope/gpu"
 	"vramscope/store"
 )
 
@@ -56,7 +57,7 @@ func TestImportStoresTraces(t *testing.T) {
 	}
 	defer s.Close()
 	traces, _ := s.Traces()
-	if len(traces) != 1 || traces[0].Name != "run 7" || traces[0].Events != 1299 || traces[0].OOMs != 1 || traces[0].Source != store.SourceSnapshot {
+	if len(traces) != 1 || traces[0].Name != "run 7" || traces[0].Events != 1299 || traces[0].OOMs != 1 || traces[0].Source != gpu.SourceSnapshot {
 		t.Fatalf("traces %+v", traces)
 	}
 	l, _, err := s.LayoutAtSeq(traces[0].ID, traces[0].LastSeq)

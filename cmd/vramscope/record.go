@@ -25,13 +25,13 @@ type recording struct {
 	Device   string // sim or cuda
 	Capacity uint64 // sim only
 	Conf     string
-	Source   store.Source
+	Source   gpu.TraceSource
 	Live     string // also stream to the server at this URL (live watching)
 	Token    string // the server's token, for Live
 }
 
 type recorded struct {
-	Trace store.Trace
+	Trace gpu.Trace
 	OOMs  []*caching.OutOfMemoryError
 	Notes []string
 	Err   error // the run's own error, other than an OOM
@@ -101,9 +101,9 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	}
 	source := rec.Source
 	if source == "" {
-		source = store.SourceTrace
+		source = gpu.SourceTrace
 	}
-	meta := store.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
+	meta := gpu.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
 		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}
 	w, err := db.CreateTrace(meta, gpu.NewLayout(cfg.Rules))
 	if err != nil {
@@ -155,16 +155,16 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	runErr := tracer.Run(ctx, rec.Workload, env)
 	close(done)
 	var oom *caching.OutOfMemoryError
-	status := store.StatusComplete
+	status := gpu.StatusComplete
 	switch {
 	case errors.As(runErr, &oom):
 		out.OOMs = append(out.OOMs, oom)
 	case errors.Is(runErr, context.Canceled):
 		out.Err = runErr
-		status = store.StatusIncomplete
+		status = gpu.StatusIncomplete
 	case runErr != nil:
 		out.Err = runErr
-		status = store.StatusFailed
+		status = gpu.StatusFailed
 	}
 	if stream != nil {
 		// Every event reaches the server before the trace ends there.

@@ -1,0 +1,99 @@
+package gpu
+
+import "time"
+
+// The records every room shares about stored traces: what a trace is, its
+// incidents and its allocations. The store keeps them; the server, the web
+// pages, live watching and the CLI show them.
+
+// TraceSource says where a trace came from.
+type TraceSource string
+
+const (
+	SourceTrace    TraceSource = "trace"
+	SourceSnapshot TraceSource = "snapshot"
+	SourceLive     TraceSource = "live"
+	SourceReplay   TraceSource = "replay"
+)
+
+// TraceStatus is a trace's state: live while a writer appends to it,
+// complete or failed once closed, incomplete when its writer went away
+// without closing.
+type TraceStatus string
+
+const (
+	StatusLive       TraceStatus = "live"
+	StatusComplete   TraceStatus = "complete"
+	StatusIncomplete TraceStatus = "incomplete"
+	StatusFailed     TraceStatus = "failed"
+)
+
+// TraceMeta is what the creator of a trace says about it.
+type TraceMeta struct {
+	Name          string      `json:"name"`
+	Source        TraceSource `json:"source"`
+	DeviceOrdinal int         `json:"device_ordinal"`
+	DeviceName    string      `json:"device_name"`
+	Capacity      uint64      `json:"capacity_bytes"`
+	Settings      string      `json:"allocator_settings"` // PYTORCH_CUDA_ALLOC_CONF style
+}
+
+// Trace is a stored trace: its metadata and what the store counted.
+type Trace struct {
+	ID string `json:"id"`
+	TraceMeta
+	Status        TraceStatus `json:"status"`
+	Events        int64       `json:"events"`
+	FirstSeq      int64       `json:"first_seq"` // -1 when there are no events
+	LastSeq       int64       `json:"last_seq"`
+	FirstUS       int64       `json:"first_us"`
+	LastUS        int64       `json:"last_us"`
+	PeakReserved  uint64      `json:"peak_reserved_bytes"`
+	PeakAllocated uint64      `json:"peak_allocated_bytes"`
+	PeakActive    uint64      `json:"peak_active_bytes"`
+	OOMs          int64       `json:"oom_count"`
+	Created       time.Time   `json:"created"`
+	Rules         Rules       `json:"-"`
+}
+
+// Incident is an oom event of a trace, numbered from 1.
+type Incident struct {
+	N          int     `json:"n"`
+	Seq        int64   `json:"seq"`
+	TimeUS     int64   `json:"time_us"`
+	Size       uint64  `json:"size"` // the rounded request
+	DeviceFree uint64  `json:"device_free"`
+	Stream     int64   `json:"stream"`
+	Stack      StackID `json:"stack"`
+}
+
+// BeforeTraceUS is Allocation.AllocUS for blocks allocated before the trace
+// began (their Seq is -1).
+const BeforeTraceUS int64 = -1 << 61
+
+// NeverFreedUS is Allocation.FreeUS for allocations still live.
+const NeverFreedUS int64 = 1<<63 - 1
+
+// Allocation is one allocation's interval: from its alloc event to the event
+// that ended it (free_requested, or free_completed when none came first).
+type Allocation struct {
+	Seq       int64   `json:"seq"`      // the alloc event; -1: allocated before the trace
+	FreeSeq   int64   `json:"free_seq"` // -1: still allocated
+	Addr      uint64  `json:"address"`
+	Size      uint64  `json:"size"` // the block's size
+	Requested uint64  `json:"requested_size"`
+	Stream    int64   `json:"stream"`
+	AllocUS   int64   `json:"alloc_us"` // BeforeTraceUS when Seq is -1
+	FreeUS    int64   `json:"free_us"`  // NeverFreedUS while allocated
+	Stack     StackID `json:"stack,omitempty"`
+}
+
+// Recording is an event stream with what is needed to run it again: the
+// layout before its first event, the allocator settings it ran under, and
+// its device's capacity (0 when the recording does not say).
+type Recording struct {
+	Initial  *Layout
+	Events   []Event
+	Settings string
+	Capacity uint64
+}
