@@ -10,13 +10,13 @@ import (
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
 	"vramscope/pytorch"
-	"vramscope/tracer"
+	"vramscope/replay"
 )
 
 const MiB = 1 << 20
 
 // record runs reqs on a simulated device and returns the events.
-func record(t *testing.T, reqs []tracer.Request, capacity uint64, conf string) []gpu.Event {
+func record(t *testing.T, reqs []replay.Request, capacity uint64, conf string) []gpu.Event {
 	t.Helper()
 	cfg, err := caching.ParseConfig(conf)
 	if err != nil {
@@ -24,7 +24,7 @@ func record(t *testing.T, reqs []tracer.Request, capacity uint64, conf string) [
 	}
 	var events []gpu.Event
 	a, _ := caching.New(sim.New(capacity), cfg, caching.WithSink(gpu.SinkFunc(func(b []gpu.Event) { events = append(events, b...) })))
-	if _, err := tracer.Replay(a, reqs, nil); err != nil {
+	if _, err := replay.Replay(a, reqs, nil); err != nil {
 		t.Fatal(err)
 	}
 	return events
@@ -32,15 +32,15 @@ func record(t *testing.T, reqs []tracer.Request, capacity uint64, conf string) [
 
 // scenarioD: nine 6 MiB tensors, every other pair freed, then 10 MiB on a
 // 60 MiB device (spec §12 D).
-func scenarioD() []tracer.Request {
-	var reqs []tracer.Request
+func scenarioD() []replay.Request {
+	var reqs []replay.Request
 	for i := int64(1); i <= 9; i++ {
-		reqs = append(reqs, tracer.Request{Op: tracer.OpMalloc, ID: i, Size: 6 * MiB})
+		reqs = append(reqs, replay.Request{Op: replay.OpMalloc, ID: i, Size: 6 * MiB})
 	}
 	for _, i := range []int64{1, 3, 4, 6, 7, 9} {
-		reqs = append(reqs, tracer.Request{Op: tracer.OpFree, ID: i})
+		reqs = append(reqs, replay.Request{Op: replay.OpFree, ID: i})
 	}
-	return append(reqs, tracer.Request{Op: tracer.OpMalloc, ID: 10, Size: 10 * MiB})
+	return append(reqs, replay.Request{Op: replay.OpMalloc, ID: 10, Size: 10 * MiB})
 }
 
 // atFirstOOM returns the layout right after the first oom event, and it.
@@ -80,7 +80,7 @@ func TestScenarioDIsFragmentation(t *testing.T) {
 		t.Errorf("pools %+v", r.Pools)
 	}
 
-	ws, err := WhatIfs(tracer.FromEvents(nil, events), 60*MiB, "", Variants)
+	ws, err := WhatIfs(replay.FromEvents(nil, events), 60*MiB, "", Variants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,10 +93,10 @@ func TestScenarioDIsFragmentation(t *testing.T) {
 }
 
 func TestShortageIsNotFragmentation(t *testing.T) {
-	reqs := []tracer.Request{
-		{Op: tracer.OpMalloc, ID: 1, Size: 40 * MiB},
-		{Op: tracer.OpMalloc, ID: 2, Size: 18 * MiB},
-		{Op: tracer.OpMalloc, ID: 3, Size: 10 * MiB},
+	reqs := []replay.Request{
+		{Op: replay.OpMalloc, ID: 1, Size: 40 * MiB},
+		{Op: replay.OpMalloc, ID: 2, Size: 18 * MiB},
+		{Op: replay.OpMalloc, ID: 3, Size: 10 * MiB},
 	}
 	events := record(t, reqs, 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
@@ -104,7 +104,7 @@ func TestShortageIsNotFragmentation(t *testing.T) {
 	if r.Kind != "shortage" || r.Verdict != "A real shortage: only 2.00 MiB not allocated, 10.00 MiB needed." {
 		t.Errorf("%s: %q", r.Kind, r.Verdict)
 	}
-	ws, err := WhatIfs(tracer.FromEvents(nil, events), 60*MiB, "", Variants)
+	ws, err := WhatIfs(replay.FromEvents(nil, events), 60*MiB, "", Variants)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +136,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 			}
 		}
 		l, oom := atFirstOOM(t, tr.Initial, tr.Events)
-		capacity, ok := EstimateCapacity(tr.Initial, tr.Events)
+		capacity, ok := replay.EstimateCapacity(tr.Initial, tr.Events)
 		if !ok || capacity < l.Figures().Reserved {
 			t.Errorf("%s: capacity estimate %d", c.file, capacity)
 		}
@@ -149,7 +149,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 			t.Errorf("%s: %s yet the largest hole fits", c.file, r.Verdict)
 		}
 		t.Logf("%s: %s (%d pinned segments)", c.file, r.Verdict, len(r.Pinned))
-		ws, err := WhatIfs(tracer.FromEvents(tr.Initial, tr.Events), capacity, tr.Settings.Conf, Variants[:2])
+		ws, err := WhatIfs(replay.FromEvents(tr.Initial, tr.Events), capacity, tr.Settings.Conf, Variants[:2])
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,10 +3,9 @@ package incident
 import (
 	"fmt"
 
-	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
-	"vramscope/tracer"
+	"vramscope/replay"
 )
 
 // WhatIf is one replay of the request stream under other settings.
@@ -57,11 +56,42 @@ func withVariant(original caching.Config, variant string) (caching.Config, error
 	return c, nil
 }
 
+// Table is the what-if answer for a request stream.
+type Table struct {
+	Capacity          uint64   `json:"capacity_bytes"`
+	CapacityEstimated bool     `json:"capacity_estimated,omitempty"`
+	Requests          int      `json:"requests"`
+	Rows              []WhatIf `json:"rows"`
+}
+
+// Answer replays s under its own settings and each of Variants on a
+// simulated device of s.Capacity bytes. Fragmentation is measured at the
+// request of original OOM number incident (from 1), or at the first OOM
+// when incident is 0.
+func Answer(s replay.Stream, incident int) (Table, error) {
+	reqs := s.Requests
+	if incident > 0 {
+		reqs = append([]replay.Request(nil), reqs...)
+		k := 0
+		for i := range reqs {
+			if reqs[i].OOM {
+				k++
+				reqs[i].OOM = k == incident
+			}
+		}
+	}
+	rows, err := WhatIfs(reqs, s.Capacity, s.Settings, Variants)
+	if err != nil {
+		return Table{}, err
+	}
+	return Table{Capacity: s.Capacity, CapacityEstimated: s.CapacityEstimated, Requests: len(reqs), Rows: rows}, nil
+}
+
 // WhatIfs replays reqs on a simulated device of capacity bytes under the
 // original settings and under each variant. The original comes first.
 // Fragmentation is measured just before the request that first failed in
 // the original replay (or, when none did, at the end).
-func WhatIfs(reqs []tracer.Request, capacity uint64, original string, variants []string) ([]WhatIf, error) {
+func WhatIfs(reqs []replay.Request, capacity uint64, original string, variants []string) ([]WhatIf, error) {
 	orig, err := caching.ParseConfig(original)
 	if err != nil {
 		return nil, fmt.Errorf("the trace's settings: %w", err)
@@ -101,14 +131,14 @@ type replayed struct {
 	firstOOM int
 }
 
-func replayOne(reqs []tracer.Request, capacity uint64, cfg caching.Config, at int) replayed {
+func replayOne(reqs []replay.Request, capacity uint64, cfg caching.Config, at int) replayed {
 	res := replayed{firstOOM: -1}
 	a, err := caching.New(sim.New(capacity), cfg)
 	if err != nil {
 		res.Err = err.Error()
 		return res
 	}
-	p := tracer.NewReplayer(a)
+	p := replay.NewReplayer(a)
 	measured := false
 	for i, r := range reqs {
 		if i == at {
@@ -130,25 +160,4 @@ func replayOne(reqs []tracer.Request, capacity uint64, cfg caching.Config, at in
 	}
 	res.PeakReserved = out.PeakReserved
 	return res
-}
-
-// EstimateCapacity guesses a device's capacity from a recording that lacks
-// it (PyTorch snapshots do): at the first OOM, what the allocator held plus
-// what the driver had free. ok is false without an OOM.
-func EstimateCapacity(initial *gpu.Layout, events []gpu.Event) (capacity uint64, ok bool) {
-	var reserved uint64
-	if initial != nil {
-		reserved = initial.Figures().Reserved
-	}
-	for _, e := range events {
-		switch e.Action {
-		case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
-			reserved += e.Size
-		case gpu.ActionSegmentFree, gpu.ActionSegmentUnmap:
-			reserved -= min(reserved, e.Size)
-		case gpu.ActionOOM:
-			return reserved + e.DeviceFree, true
-		}
-	}
-	return 0, false
 }

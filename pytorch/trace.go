@@ -62,6 +62,12 @@ func (t *Trace) Extra(i int) *EventExtra {
 	return &t.Extras[t.ExtraOf[i]-1]
 }
 
+// Recording is the device's trace as an event stream to replay. A snapshot
+// does not record its device's capacity.
+func (t *Trace) Recording() gpu.Recording {
+	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Conf}
+}
+
 // OOMs counts the oom events.
 func (t *Trace) OOMs() int {
 	n := 0

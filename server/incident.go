@@ -13,7 +13,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/incident"
 	"vramscope/store"
-	"vramscope/tracer"
+	"vramscope/replay"
 	"vramscope/web"
 )
 
@@ -146,11 +146,8 @@ func (s *Server) explain(id string, n int) (incidentJSON, error) {
 
 // whatifJSON is the what-if table of one incident.
 type whatifJSON struct {
-	Status            string            `json:"status"` // "done" or "running"
-	Capacity          uint64            `json:"capacity_bytes,omitempty"`
-	CapacityEstimated bool              `json:"capacity_estimated,omitempty"`
-	Requests          int               `json:"requests,omitempty"`
-	Rows              []incident.WhatIf `json:"rows,omitempty"`
+	Status string `json:"status"` // "done" or "running"
+	*incident.Table
 }
 
 type whatifKey struct {
@@ -249,35 +246,15 @@ func (s *Server) apiWhatIf(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, j.out)
 }
 
-// whatIf replays the whole trace as `vramscope whatif TRACE` does, under
-// the original settings and each incident.Variants. Fragmentation is
-// measured just before incident n's request: only its OOM stays marked.
+// whatIf replays the whole trace as `vramscope whatif TRACE` does, with
+// fragmentation measured at incident n's request.
 func (s *Server) whatIf(t gpu.Trace, n int) (whatifJSON, error) {
-	db := s.opt.DB
-	initial, _, err := db.LayoutAtSeq(t.ID, t.FirstSeq-1)
+	rec, err := s.opt.DB.Recording(t.ID)
 	if err != nil {
 		return whatifJSON{}, err
 	}
-	events, err := db.Events(t.ID, 0, t.LastSeq+1)
-	if err != nil {
-		return whatifJSON{}, err
-	}
-	out := whatifJSON{Status: "done", Capacity: t.Capacity}
-	if out.Capacity == 0 {
-		out.Capacity, _ = incident.EstimateCapacity(initial, events)
-		out.CapacityEstimated = true
-	}
-	reqs := tracer.FromEvents(initial, events)
-	k := 0
-	for i := range reqs {
-		if reqs[i].OOM {
-			k++
-			reqs[i].OOM = k == n
-		}
-	}
-	out.Requests = len(reqs)
-	out.Rows, err = incident.WhatIfs(reqs, out.Capacity, t.Settings, incident.Variants)
-	return out, err
+	table, err := incident.Answer(replay.FromRecording(rec), n)
+	return whatifJSON{Status: "done", Table: &table}, err
 }
 
 // pageIncident is the incident page: a frame that incident.js fills from

@@ -17,6 +17,7 @@ import (
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
 	"vramscope/incident"
+	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -59,12 +60,12 @@ func recordWorkload(tb testing.TB, db *store.DB, name string, w tracer.Workload,
 }
 
 // replayWorkload replays a request stream, one request per 10 µs.
-func replayWorkload(reqs []tracer.Request) tracer.Workload {
+func replayWorkload(reqs []replay.Request) tracer.Workload {
 	return tracer.WorkloadFunc(func(_ context.Context, env *tracer.Env) error {
 		for i := range reqs {
 			reqs[i].TimeUS = env.Clock.US + int64(i)*10
 		}
-		_, err := tracer.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
+		_, err := replay.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
 		return err
 	})
 }
@@ -211,10 +212,10 @@ func TestIncidentFragmentation(t *testing.T) {
 
 func TestIncidentShortageIsNotFragmentation(t *testing.T) {
 	db := openDB(t)
-	reqs := []tracer.Request{
-		{Op: tracer.OpMalloc, ID: 1, Size: 40 * MiB},
-		{Op: tracer.OpMalloc, ID: 2, Size: 18 * MiB},
-		{Op: tracer.OpMalloc, ID: 3, Size: 10 * MiB},
+	reqs := []replay.Request{
+		{Op: replay.OpMalloc, ID: 1, Size: 40 * MiB},
+		{Op: replay.OpMalloc, ID: 2, Size: 18 * MiB},
+		{Op: replay.OpMalloc, ID: 3, Size: 10 * MiB},
 	}
 	id := recordWorkload(t, db, "shortage", replayWorkload(reqs), 60*MiB, "")
 	srv := serve(t, db)
@@ -313,7 +314,7 @@ func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
 	s.whatifs.wait = time.Millisecond
 	var w whatifJSON
 	getJSON(t, base+"/whatif", http.StatusAccepted, &w)
-	if w.Status != "running" || w.Rows != nil {
+	if w.Status != "running" || w.Table != nil {
 		t.Fatalf("while running: %+v", w)
 	}
 	<-s.whatifs.run

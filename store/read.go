@@ -289,6 +289,24 @@ func (db *DB) Events(id string, from, to int64) ([]gpu.Event, error) {
 	return out, err
 }
 
+// Recording reads a whole trace back for a replay: the layout before its
+// first event, every event, its allocator settings and its capacity.
+func (db *DB) Recording(id string) (gpu.Recording, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return gpu.Recording{}, err
+	}
+	defer r.close()
+	initial, _, err := r.layoutAtSeq(-1)
+	if err != nil {
+		return gpu.Recording{}, err
+	}
+	rec := gpu.Recording{Initial: initial, Settings: r.trace.Settings, Capacity: r.trace.Capacity,
+		Events: make([]gpu.Event, 0, r.trace.Events)}
+	err = r.events(0, r.trace.LastSeq+1, func(e *gpu.Event) bool { rec.Events = append(rec.Events, *e); return true })
+	return rec, err
+}
+
 // Stack returns an interned stack of a trace.
 func (db *DB) Stack(id string, sid gpu.StackID) (gpu.Stack, error) {
 	var frames string

@@ -1,3 +1,7 @@
+// Package tracer drives a caching allocator with workloads (training,
+// KV-cache serving, fragmentation stress); every allocator event goes to a
+// sink such as the SQLite store. Recorded traffic is replayed by package
+// replay.
 package tracer
 
 import (

@@ -8,7 +8,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
-	"vramscope/tracer"
+	"vramscope/replay"
 )
 
 func init() {
@@ -42,10 +42,11 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("--alloc-conf: %v", err)
 	}
-	reqs, _, cap, err := requestStream(pos[0], *dbPath, *device)
+	stream, err := requestStream(pos[0], *dbPath, *device)
 	if err != nil {
 		return err
 	}
+	cap := stream.Capacity
 	if *capacity != "" || cap == 0 {
 		if *capacity == "" {
 			*capacity = defaultCapacity
@@ -59,7 +60,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	res, err := tracer.Replay(a, reqs, nil)
+	res, err := replay.Replay(a, stream.Requests, nil)
 	if err != nil {
 		return err
 	}
@@ -79,7 +80,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 
 type replayJSON struct {
 	Stats    map[string]int64 `json:"stats"`
-	OOMs     []tracer.OOM     `json:"ooms"`
+	OOMs     []replay.OOM     `json:"ooms"`
 	Segments []segmentJSON    `json:"segments"`
 }
 
@@ -111,11 +112,11 @@ func segmentsJSON(segs []gpu.Segment) []segmentJSON {
 	return out
 }
 
-func writeReplayJSON(w io.Writer, a *caching.Allocator, res tracer.Result) error {
+func writeReplayJSON(w io.Writer, a *caching.Allocator, res replay.Result) error {
 	st := a.Stats()
 	out := replayJSON{Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Snapshot())}
 	if out.OOMs == nil {
-		out.OOMs = []tracer.OOM{}
+		out.OOMs = []replay.OOM{}
 	}
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")

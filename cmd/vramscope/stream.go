@@ -7,65 +7,53 @@ import (
 	"io"
 	"os"
 
-	"vramscope/incident"
 	"vramscope/pytorch"
+	"vramscope/replay"
 	"vramscope/store"
-	"vramscope/tracer"
 )
 
-// requestStream reads a request stream, its original allocator settings and
-// its device's capacity (0: unknown) from a stored trace id or a file: an RMM
-// log or a PyTorch snapshot (one device: the given one, or the busiest).
-func requestStream(arg, dbPath string, device int) ([]tracer.Request, string, uint64, error) {
+// requestStream reads a request stream from a stored trace id or a file: an
+// RMM log or a PyTorch snapshot (one device: the given one, or the busiest).
+func requestStream(arg, dbPath string, device int) (replay.Stream, error) {
 	if _, err := os.Stat(arg); err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
-			return nil, "", 0, err
+			return replay.Stream{}, err
 		}
 		if _, err := os.Stat(dbPath); err != nil {
-			return nil, "", 0, usagef("%s is neither a file nor a trace (no database at %s)", arg, dbPath)
+			return replay.Stream{}, usagef("%s is neither a file nor a trace (no database at %s)", arg, dbPath)
 		}
 		db, err := store.Open(dbPath)
 		if err != nil {
-			return nil, "", 0, err
+			return replay.Stream{}, err
 		}
 		defer db.Close()
-		t, err := db.Trace(arg)
+		if _, err := db.Trace(arg); err != nil {
+			return replay.Stream{}, usagef("%s is neither a file nor a trace in %s", arg, dbPath)
+		}
+		rec, err := db.Recording(arg)
 		if err != nil {
-			return nil, "", 0, usagef("%s is neither a file nor a trace in %s", arg, dbPath)
+			return replay.Stream{}, err
 		}
-		initial, _, err := db.LayoutAtSeq(arg, -1)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		events, err := db.Events(arg, 0, t.LastSeq+1)
-		if err != nil {
-			return nil, "", 0, err
-		}
-		capacity := t.Capacity
-		if capacity == 0 {
-			capacity, _ = incident.EstimateCapacity(initial, events)
-		}
-		return tracer.FromEvents(initial, events), t.Settings, capacity, nil
+		return replay.FromRecording(rec), nil
 	}
 	f, err := os.Open(arg)
 	if err != nil {
-		return nil, "", 0, err
+		return replay.Stream{}, err
 	}
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 1<<20)
 	if head, _ := br.Peek(6); string(head) == "Thread" {
-		reqs, err := tracer.ReadRMM(br)
+		reqs, err := replay.ReadRMM(br)
 		if err != nil {
-			return nil, "", 0, inputError{fmt.Errorf("%s: %w", arg, err)}
+			return replay.Stream{}, inputError{fmt.Errorf("%s: %w", arg, err)}
 		}
-		return reqs, "", 0, nil
+		return replay.Stream{Requests: reqs}, nil
 	}
 	t, err := decodeSnapshotDevice(br, device)
 	if err != nil {
-		return nil, "", 0, inputError{fmt.Errorf("%s: %w", arg, err)}
+		return replay.Stream{}, inputError{fmt.Errorf("%s: %w", arg, err)}
 	}
-	capacity, _ := incident.EstimateCapacity(t.Initial, t.Events)
-	return tracer.FromEvents(t.Initial, t.Events), t.Settings.Conf, capacity, nil
+	return replay.FromRecording(t.Recording()), nil
 }
 
 // decodeSnapshotDevice decodes a PyTorch snapshot and picks one device's

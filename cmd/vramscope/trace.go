@@ -9,6 +9,7 @@ import (
 	"os/signal"
 
 	"vramscope/gpu"
+	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -88,13 +89,13 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		if len(pos) != 1 {
 			return usagef("--workload replay takes one FILE (an RMM log or a PyTorch snapshot) or a stored TRACE id")
 		}
-		reqs, _, _, err := requestStream(pos[0], *dbPath, -1)
+		stream, err := requestStream(pos[0], *dbPath, -1)
 		if err != nil {
 			return err
 		}
 		pos = nil
 		w = tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
-			res, err := tracer.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
+			res, err := replay.Replay(env.Alloc, stream.Requests, func(t int64) { env.Clock.US = t })
 			if err == nil && len(res.OOMs) > 0 {
 				return res.OOMs[0].Err
 			}

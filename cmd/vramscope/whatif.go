@@ -32,28 +32,30 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
 		return usagef("want one TRACE or FILE, got %d arguments", len(pos))
 	}
-	reqs, conf, capBytes, err := requestStream(pos[0], *dbPath, *device)
+	stream, err := requestStream(pos[0], *dbPath, *device)
 	if err != nil {
 		return err
 	}
 	if *capacity != "" {
-		if capBytes, err = gpu.ParseBytes(*capacity); err != nil {
+		if stream.Capacity, err = gpu.ParseBytes(*capacity); err != nil {
 			return usagef("--capacity: %v", err)
 		}
+		stream.CapacityEstimated = false
 	}
-	if capBytes == 0 {
-		capBytes, _ = gpu.ParseBytes(defaultCapacity)
+	if stream.Capacity == 0 {
+		stream.Capacity, _ = gpu.ParseBytes(defaultCapacity)
 	}
-	rows, err := incident.WhatIfs(reqs, capBytes, conf, incident.Variants)
+	table, err := incident.Answer(stream, 0)
 	if err != nil {
 		return err
 	}
+	rows := table.Rows
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
-	fmt.Fprintf(stdout, "%d requests replayed on a simulated %s device\n\n", len(reqs), gpu.FormatBytes(capBytes))
+	fmt.Fprintf(stdout, "%d requests replayed on a simulated %s device\n\n", table.Requests, gpu.FormatBytes(table.Capacity))
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SETTINGS\tOOMS\tPEAK RESERVED\tFRAGMENTATION AT OOM\tOOM AVOIDED")
 	for i, r := range rows {

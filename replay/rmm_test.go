@@ -1,4 +1,4 @@
-package tracer
+package replay
 
 import (
 	"bytes"

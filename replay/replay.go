@@ -1,8 +1,8 @@
-// Package tracer drives a caching allocator with workloads (training,
-// KV-cache serving, fragmentation stress) and with recorded request streams
-// (RMM logs, stored traces, PyTorch snapshots); every allocator event goes to
-// a sink such as the SQLite store.
-package tracer
+// Package replay runs recorded allocator traffic again: any recording (an
+// RMM log, a PyTorch snapshot's trace, a stored trace) becomes a stream of
+// requests, which a Replayer drives through a caching allocator, under the
+// original settings or others. replay, whatif and incident pages use it.
+package replay
 
 import (
 	"errors"
