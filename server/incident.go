@@ -12,8 +12,8 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/incident"
-	"vramscope/store"
 	"vramscope/replay"
+	"vramscope/store"
 	"vramscope/web"
 )
 

@@ -85,8 +85,8 @@ type Allocator struct {
 	small blockPool
 	large blockPool
 
-	live    ptrMap            // allocated blocks by address
-	pending []pendingFree     // cross-stream frees waiting for fences, in order
+	live    ptrMap        // allocated blocks by address
+	pending []pendingFree // cross-stream frees waiting for fences, in order
 	regions map[uint64]*region
 	stats   Stats
 
