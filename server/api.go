@@ -44,7 +44,6 @@ func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	s.sums.drop(id)
 	w.WriteHeader(http.StatusNoContent)
 }
 

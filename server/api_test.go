@@ -203,35 +203,17 @@ func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
 	if uint64(reserved) != l.Figures.Reserved || uint64(allocated) != l.Figures.Allocated {
 		t.Fatalf("blocks sum to %d reserved, %d allocated; figures say %+v", reserved, allocated, l.Figures)
 	}
-	// At the end the replayed statistics are the allocator's own, except
-	// the cumulative columns of non-releasable memory (see summary.go).
+	// At the end the rebuilt statistics are the allocator's own.
 	got := string(f.get(t, "/api/traces/"+f.id+"/summary?t="+itoa(tr.LastUS), http.StatusOK))
 	gl, wl := strings.Split(got, "\n"), strings.Split(f.final, "\n")
 	if len(gl) != len(wl) {
 		t.Fatalf("summary has %d lines, want %d:\n%s", len(gl), len(wl), got)
 	}
-	inactive := 0
 	for i := range gl {
-		if strings.Contains(wl[i], "Non-releasable") {
-			inactive = 3
-		}
-		if inactive > 0 {
-			inactive--
-			if cols(gl[i], 3) != cols(wl[i], 3) {
-				t.Errorf("line %d: got %q, want %q", i, gl[i], wl[i])
-			}
-			continue
-		}
 		if gl[i] != wl[i] {
 			t.Errorf("line %d:\n got %q\nwant %q", i, gl[i], wl[i])
 		}
 	}
-}
-
-// cols returns the first n |-separated fields of a summary line.
-func cols(line string, n int) string {
-	f := strings.Split(line, "|")
-	return strings.Join(f[:min(n, len(f))], "|")
 }
 
 func TestAllocationEventsAndStack(t *testing.T) {

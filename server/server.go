@@ -28,9 +28,6 @@ type Options struct {
 	MaxUploadBytes int64
 	// Logger gets one line per request; slog.Default() when nil.
 	Logger *slog.Logger
-	// Import stores an uploaded snapshot and returns the new trace ids;
-	// ImportSnapshot when nil.
-	Import ImportFunc
 }
 
 // DefaultMaxUpload is the upload cap when Options.MaxUploadBytes is zero.
@@ -44,7 +41,6 @@ type Server struct {
 	opt    Options
 	log    *slog.Logger
 	router chi.Router
-	sums   *summaryCache
 	// whatifs caches incident what-if tables (replays of a whole trace).
 	whatifs *whatifCache
 	hub     *live.Hub // live ingest and viewers
@@ -63,10 +59,7 @@ func New(opt Options) *Server {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	if opt.Import == nil {
-		opt.Import = ImportSnapshot
-	}
-	s := &Server{opt: opt, log: opt.Logger, sums: newSummaryCache(64), whatifs: newWhatifCache(16)}
+	s := &Server{opt: opt, log: opt.Logger, whatifs: newWhatifCache(16)}
 	r := chi.NewRouter()
 	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders, sameOrigin)
 

@@ -12,6 +12,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"vramscope/incident"
+	"vramscope/ingest"
 	"vramscope/tracer"
 )
 
@@ -170,7 +171,7 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 	}
 	defer f.Close()
 	db := openDB(t)
-	ids, err := ImportSnapshot(db, f, "oom_nonexpandable.json")
+	ids, err := ingest.Snapshot(db, f, "oom_nonexpandable.json")
 	if err != nil {
 		t.Fatal(err)
 	}

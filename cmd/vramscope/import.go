@@ -9,8 +9,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"vramscope/ingest"
 	"vramscope/pytorch"
-	"vramscope/server"
 	"vramscope/store"
 )
 
@@ -101,7 +101,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		if n == "" {
 			n = filepath.Base(path)
 		}
-		ids, err := server.StoreSnapshot(db, chosen, n)
+		ids, err := ingest.Store(db, chosen, n)
 		if err != nil {
 			return err
 		}

@@ -43,7 +43,7 @@ func TestPropertyRandomSequences(t *testing.T) {
 	}
 }
 
-func runRandom(t *testing.T, conf string, seed uint64, steps int) {
+func runRandom(t *testing.T, conf string, seed uint64, steps int) *harness {
 	r := rand.New(rand.NewPCG(seed, uint64(len(conf))))
 	capacity := uint64(512+r.IntN(1024)) << 20
 	h := newHarness(t, capacity, conf)
@@ -102,6 +102,7 @@ func runRandom(t *testing.T, conf string, seed uint64, steps int) {
 	st := h.a.Stats()
 	t.Logf("%d events, %d OOMs, %d segments allocated, %d retries, peak reserved %d MiB",
 		h.a.Seq(), st.NumOOMs, st.NumDeviceAlloc, st.NumAllocRetries, st.ReservedBytes[statAll].Peak>>20)
+	return h
 }
 
 // checkPoolSums: every stat's "all" value is the small pool plus the large pool.

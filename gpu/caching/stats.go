@@ -44,6 +44,15 @@ func (a *StatArray) decrease(pool int, n int64) {
 	a[pool].decrease(n)
 }
 
+// change increases or decreases by n's sign.
+func (a *StatArray) change(pool int, n int64) {
+	if n > 0 {
+		a.increase(pool, n)
+	} else if n < 0 {
+		a.decrease(pool, -n)
+	}
+}
+
 // Stats is DeviceStats: what torch.cuda.memory_stats() reports.
 type Stats struct {
 	Allocation         StatArray
