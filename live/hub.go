@@ -112,11 +112,11 @@ type topic struct {
 	mu      sync.Mutex
 	viewers map[*viewer]struct{}
 	state   Tail
-	known   bool      // state holds something
-	ingest  *session  // the stream writing the trace, if any
-	samples []sample  // recent (time, events), for the rate
-	refs    int       // viewers and sessions holding the topic
-	claimed chan bool // closed when ingest is free; nil when it is
+	known   bool        // state holds something
+	ingest  *ingestConn // the connection writing the trace, if any
+	samples []sample    // recent (time, events), for the rate
+	refs    int         // viewers and ingest connections holding the topic
+	claimed chan bool   // closed when ingest is free; nil when it is
 }
 
 type sample struct {

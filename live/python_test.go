@@ -69,11 +69,11 @@ func TestPythonWatch(t *testing.T) {
 	}
 	served, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if src, _ := os.ReadFile("../pytorch/python/vramscope_watch.py"); resp.StatusCode != 200 || string(served) != string(src) {
+	if src, _ := os.ReadFile("python/vramscope_watch.py"); resp.StatusCode != 200 || string(served) != string(src) {
 		t.Fatalf("GET /vramscope_watch.py: %s, %d bytes", resp.Status, len(served))
 	}
 
-	helper, _ := filepath.Abs("../pytorch/python")
+	helper, _ := filepath.Abs("python")
 	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token)
 	out, err := cmd.CombinedOutput()
 	t.Logf("driver:\n%s", out)

@@ -149,7 +149,7 @@ func TestUsageFollowsTheTrace(t *testing.T) {
 func TestBandsStackUnderAllocated(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
-	var b bandsJSON
+	var b store.Bands
 	f.getJSON(t, "/api/traces/"+f.id+"/bands?t0="+itoa(tr.FirstUS)+"&t1="+itoa(tr.LastUS)+"&w=300&h=200", &b)
 	if len(b.Bands) == 0 || len(b.Small) != 300 || b.YMax != tr.PeakReserved {
 		t.Fatalf("%d bands, %d columns, y_max %d (peak reserved %d)", len(b.Bands), len(b.Small), b.YMax, tr.PeakReserved)

@@ -7,7 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/live"
-	"vramscope/pytorch/python"
+	"vramscope/live/python"
 )
 
 // mountLive adds live watching: the ingest and viewer websockets, which

@@ -1,5 +1,8 @@
 // Package live streams a running job's allocator events to the server and
-// from there to every open page of that trace, as they happen.
+// from there to every open page of that trace, as they happen. wire.go is
+// the protocol both sides speak (below); client.go is the sending side in
+// Go (python/ holds the same for PyTorch jobs); hub*.go is the server side:
+// the hub, its ingest connections and its viewers.
 //
 // Ingest (GET /ws/ingest, a websocket; "Authorization: Bearer TOKEN" when the
 // server has a token). The client's first message is a text hello:

@@ -16,18 +16,12 @@ import (
 	"vramscope/store"
 )
 
-// session is one ingest connection writing a trace.
-type session struct {
-	conn *websocket.Conn
-	done chan struct{} // closed once the session has closed its writer
-}
-
 // takeoverWait bounds how long a resuming stream waits for the stream it
 // replaces (a half-open connection the server had not noticed) to let go.
 const takeoverWait = 15 * time.Second
 
 // claim makes s the trace's ingest stream, ending the one before it.
-func (t *topic) claim(s *session) error {
+func (t *topic) claim(s *ingestConn) error {
 	t.mu.Lock()
 	old := t.ingest
 	t.ingest = s
@@ -35,7 +29,7 @@ func (t *topic) claim(s *session) error {
 	if old == nil {
 		return nil
 	}
-	old.conn.Close()
+	old.c.Close()
 	select {
 	case <-old.done:
 		return nil
@@ -44,7 +38,7 @@ func (t *topic) claim(s *session) error {
 	}
 }
 
-func (t *topic) unclaim(s *session) {
+func (t *topic) unclaim(s *ingestConn) {
 	t.mu.Lock()
 	if t.ingest == s {
 		t.ingest = nil
@@ -52,13 +46,13 @@ func (t *topic) unclaim(s *session) {
 	t.mu.Unlock()
 }
 
-// stream is the state of one ingest connection.
-type stream struct {
+// ingestConn is one ingest connection writing a trace.
+type ingestConn struct {
 	h    *Hub
 	c    *websocket.Conn
 	w    *store.Writer
 	t    *topic
-	sess *session
+	done chan struct{} // closed once the connection has closed its writer
 
 	mu    sync.Mutex // guards state, read by the flusher
 	state Tail
@@ -92,15 +86,15 @@ func (h *Hub) ingest(c *websocket.Conn) {
 		reject(c, h.opt.WriteWait, `the first message must be {"type":"hello",...}`)
 		return
 	}
-	s := &stream{h: h, c: c, sess: &session{conn: c, done: make(chan struct{})}, ids: map[uint64]gpu.StackID{}}
-	defer close(s.sess.done)
+	s := &ingestConn{h: h, c: c, done: make(chan struct{}), ids: map[uint64]gpu.StackID{}}
+	defer close(s.done)
 	var tr gpu.Trace
 	if tr, err = s.open(&hi); err != nil {
 		reject(c, h.opt.WriteWait, "%v", err)
 		return
 	}
 	defer h.release(s.t)
-	defer s.t.unclaim(s.sess)
+	defer s.t.unclaim(s)
 	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
 	s.fresh = tr.Events == 0
 	s.t.publish(s.state)
@@ -133,7 +127,7 @@ func (h *Hub) ingest(c *websocket.Conn) {
 }
 
 // open creates or resumes the trace the hello names.
-func (s *stream) open(hi *hello) (gpu.Trace, error) {
+func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	h := s.h
 	if hi.Trace != "" {
 		tr, err := h.db.Trace(hi.Trace)
@@ -144,13 +138,13 @@ func (s *stream) open(hi *hello) (gpu.Trace, error) {
 			return tr, fmt.Errorf("trace %s is a %s trace; only live traces can be resumed", tr.ID, tr.Source)
 		}
 		s.t = h.topic(tr.ID)
-		if err := s.t.claim(s.sess); err != nil {
+		if err := s.t.claim(s); err != nil {
 			h.release(s.t)
 			return tr, err
 		}
 		w, _, err := h.db.ResumeTrace(tr.ID)
 		if err != nil {
-			s.t.unclaim(s.sess)
+			s.t.unclaim(s)
 			h.release(s.t)
 			return tr, err
 		}
@@ -178,7 +172,7 @@ func (s *stream) open(hi *hello) (gpu.Trace, error) {
 	}
 	s.w = w
 	s.t = h.topic(w.ID())
-	s.t.claim(s.sess)
+	s.t.claim(s)
 	return h.db.Trace(w.ID())
 }
 
@@ -209,7 +203,7 @@ func initialLayout(snap json.RawMessage, meta *gpu.TraceMeta) (*gpu.Layout, []gp
 // read takes messages until the client ends the stream (end true, with
 // its status), the connection drops (all zero) or the client breaks the
 // protocol (perr).
-func (s *stream) read() (end bool, status gpu.TraceStatus, perr error) {
+func (s *ingestConn) read() (end bool, status gpu.TraceStatus, perr error) {
 	c := s.c
 	for {
 		typ, msg, err := c.ReadMessage()
@@ -257,7 +251,7 @@ func (s *stream) read() (end bool, status gpu.TraceStatus, perr error) {
 }
 
 // fromJSON turns a text batch into s.defs and s.events.
-func (s *stream) fromJSON(b *jsonBatch) error {
+func (s *ingestConn) fromJSON(b *jsonBatch) error {
 	for k, frames := range b.Stacks {
 		id, err := strconv.ParseUint(k, 10, 64)
 		if err != nil || id == 0 {
@@ -285,7 +279,7 @@ func (s *stream) fromJSON(b *jsonBatch) error {
 }
 
 // store checks and writes s.defs and s.events.
-func (s *stream) store() error {
+func (s *ingestConn) store() error {
 	for _, d := range s.defs {
 		s.ids[d.ID] = s.w.Stack(d.Frames)
 	}
@@ -337,7 +331,7 @@ func (s *stream) store() error {
 
 // flusher commits every FlushEvery, then tells viewers and acknowledges;
 // it is the connection's only writer until it stops.
-func (s *stream) flusher(flushed int64, stop <-chan struct{}, stopped chan<- struct{}) {
+func (s *ingestConn) flusher(flushed int64, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
 	tick := time.NewTicker(s.h.opt.FlushEvery)
 	defer tick.Stop()
@@ -375,7 +369,7 @@ func (s *stream) flusher(flushed int64, stop <-chan struct{}, stopped chan<- str
 }
 
 // finish closes the writer with status and tells the viewers.
-func (s *stream) finish(status gpu.TraceStatus) Tail {
+func (s *ingestConn) finish(status gpu.TraceStatus) Tail {
 	err := s.w.Close(status)
 	s.mu.Lock()
 	st := s.state
