@@ -116,7 +116,6 @@ type topic struct {
 	ingest  *ingestConn // the connection writing the trace, if any
 	samples []sample    // recent (time, events), for the rate
 	refs    int         // viewers and ingest connections holding the topic
-	claimed chan bool   // closed when ingest is free; nil when it is
 }
 
 type sample struct {

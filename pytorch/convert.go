@@ -252,7 +252,7 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 			return nil, err
 		}
 		c.compact(t)
-		t.replay()
+		t.deriveInitial()
 		out = append(out, t)
 	}
 	return out, nil

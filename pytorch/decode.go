@@ -2,7 +2,6 @@ package pytorch
 
 import (
 	"bufio"
-	"bytes"
 	"compress/gzip"
 	"encoding/json"
 	"errors"
@@ -14,56 +13,46 @@ import (
 	"strconv"
 )
 
-// Format is how a snapshot file is encoded, found from its first bytes.
-type Format int
+// format is how a snapshot file is encoded, found from its first bytes.
+type format int
 
 const (
-	FormatUnknown Format = iota
-	FormatPickle
-	FormatJSON
+	formatUnknown format = iota
+	formatPickle
+	formatJSON
 )
-
-func (f Format) String() string {
-	switch f {
-	case FormatPickle:
-		return "pickle"
-	case FormatJSON:
-		return "json"
-	}
-	return "unknown"
-}
 
 // sniff looks at the first bytes: 0x80 is a pickle PROTO, { or [ JSON,
 // 1f 8b gzip. The file name's extension is never trusted.
-func sniff(br *bufio.Reader) (f Format, gz bool, err error) {
+func sniff(br *bufio.Reader) (f format, gz bool, err error) {
 	head, err := br.Peek(2)
 	if len(head) == 0 {
 		if err == io.EOF {
-			return FormatUnknown, false, errors.New("the file is empty")
+			return formatUnknown, false, errors.New("the file is empty")
 		}
-		return FormatUnknown, false, err
+		return formatUnknown, false, err
 	}
 	switch {
 	case len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b:
-		return FormatUnknown, true, nil
+		return formatUnknown, true, nil
 	case head[0] == 0x80:
-		return FormatPickle, false, nil
+		return formatPickle, false, nil
 	}
 	for i := 1; ; i++ {
 		b, err := br.Peek(i)
 		if len(b) < i {
-			return FormatUnknown, false, errors.New("the file holds only white space")
+			return formatUnknown, false, errors.New("the file holds only white space")
 		}
 		switch c := b[i-1]; c {
 		case ' ', '\t', '\r', '\n':
 			if err != nil || i > 4096 {
-				return FormatUnknown, false, errors.New("not a snapshot: white space only")
+				return formatUnknown, false, errors.New("not a snapshot: white space only")
 			}
 			continue
 		case '{', '[':
-			return FormatJSON, false, nil
+			return formatJSON, false, nil
 		}
-		return FormatUnknown, false, fmt.Errorf("not a PyTorch snapshot: it starts with bytes % x (want a pickle, JSON or gzip)", head)
+		return formatUnknown, false, fmt.Errorf("not a PyTorch snapshot: it starts with bytes % x (want a pickle, JSON or gzip)", head)
 	}
 }
 
@@ -140,7 +129,7 @@ func decodeValue(r io.Reader, snap bool) (*decoder, Value, error) {
 	}
 	d := newDecoder(br, snap)
 	var v Value
-	if f == FormatJSON {
+	if f == formatJSON {
 		v, err = d.fromJSON(br)
 	} else {
 		v, err = d.unpickle()
@@ -254,9 +243,4 @@ func jsonNumber(n json.Number, at int64) (Value, error) {
 		return Value{}, &Error{Offset: at, Msg: fmt.Sprintf("json: bad number %q", clip(s))}
 	}
 	return Value{kind: kFloat, bits: math.Float64bits(f)}, nil
-}
-
-// sniffBytes is sniff on a byte slice, for callers that hold the data.
-func sniffBytes(b []byte) (Format, bool, error) {
-	return sniff(bufio.NewReader(bytes.NewReader(b)))
 }

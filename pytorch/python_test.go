@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/big"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -280,10 +281,8 @@ func canon(v any) string {
 		return "False"
 	case int64, uint64, int:
 		return fmt.Sprintf("int(%d)", x)
-	case interface{ String() string }: // *big.Int
-		if s, ok := x.(fmt.Stringer); ok {
-			return "int(" + s.String() + ")"
-		}
+	case *big.Int:
+		return "int(" + x.String() + ")"
 	case float64:
 		return fmt.Sprintf("float(%v)", x)
 	case string:

@@ -23,12 +23,6 @@ func realDir(t testing.TB) string {
 	return ""
 }
 
-// devFigures are PROVENANCE.md's figures for one device.
-type devFigures struct {
-	device, segments, blocks, events int
-	allocated, reserved              uint64
-}
-
 type fileFigures struct {
 	segments, blocks               int
 	reserved, allocated, requested uint64

@@ -108,9 +108,6 @@ func New(opt Options) *Server {
 // Handler returns the server's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }
 
-// Router exposes the router so later features can mount their routes.
-func (s *Server) Router() chi.Router { return s.router }
-
 // ListenAndServe serves on opt.Addr until ctx ends, then shuts down
 // gracefully. ready, if not nil, is called with the bound address.
 func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) error {

@@ -66,22 +66,17 @@ func (s ServeKV) Run(ctx context.Context, env *Env) error {
 		return env.stack(frame(name, "model.py", line), frame(fn, "engine.py", 30+line), mainFrame)
 	}
 
-	// Weights.
-	var weights []uint64
+	// Weights, live for the whole run.
 	for l := 0; l < s.Layers; l++ {
 		for i, size := range []uint64{3 * H * H, H * H, 2 * 7 * H * H, 7 * H * H} { // qkv, o, gate+up, down (llama-style MLP)
-			p, err := env.malloc(size*D, stack(fmt.Sprintf("model.layers.%d.w%d", l, i), "load_weights", 10))
-			if err != nil {
+			if _, err := env.malloc(size*D, stack(fmt.Sprintf("model.layers.%d.w%d", l, i), "load_weights", 10)); err != nil {
 				return err
 			}
-			weights = append(weights, p)
 		}
 	}
-	emb, err := env.malloc(uint64(s.Vocab)*H*D*2, stack("model.embed_tokens+lm_head", "load_weights", 11))
-	if err != nil {
+	if _, err := env.malloc(uint64(s.Vocab)*H*D*2, stack("model.embed_tokens+lm_head", "load_weights", 11)); err != nil {
 		return err
 	}
-	_ = emb
 	env.Clock.Advance(2_000_000)
 
 	// Paged: the whole KV pool is a few huge tensors allocated at start.

@@ -161,8 +161,6 @@ func (a *Allocator) SetMemoryFraction(f float64) {
 	a.setFraction = true
 }
 
-// SetStack sets the stack id stamped on the events of later calls.
-func (a *Allocator) SetStack(id gpu.StackID) { a.stack = id }
 
 // Stats returns a copy of the statistics.
 func (a *Allocator) Stats() Stats { return a.stats }

@@ -1,3 +1,8 @@
+// What the unpickler does with a snapshot's pieces as it builds them, so a
+// big snapshot never exists as a whole object graph: trace entries become
+// events as they are appended, "frames" lists become interned stacks, and
+// values this package does not interpret are canonicalized once and shared.
+
 package pytorch
 
 import (

@@ -7,12 +7,12 @@ import (
 	"vramscope/gpu"
 )
 
-// replay finds the initial layout by undoing the events from the final
+// deriveInitial finds the initial layout by undoing the events from the final
 // one, last to first, then applies them forward from it to learn each
 // event's block size. An event that does not fit is recorded in
 // Mismatches and left out of Events, so what is stored replays cleanly;
 // the rest carry on.
-func (t *Trace) replay() {
+func (t *Trace) deriveInitial() {
 	l := t.Final.Clone()
 	undone := make(map[int64]bool)
 	for i := len(t.Events) - 1; i >= 0; i-- {
