@@ -85,3 +85,28 @@ func hex(v uint64) string {
 	}
 	return string(buf)
 }
+
+// Totals are the byte counts a usage timeline draws.
+type Totals struct{ Reserved, Allocated, Active uint64 }
+
+// Apply moves t over e. ends says that a free_completed ends its
+// allocation, no free_requested having come first (allocated bytes drop
+// at the first of the two).
+func (t *Totals) Apply(e *Event, ends bool) {
+	switch e.Action {
+	case ActionSegmentAlloc, ActionSegmentMap:
+		t.Reserved += e.Size
+	case ActionSegmentFree, ActionSegmentUnmap:
+		t.Reserved -= e.Size
+	case ActionAlloc:
+		t.Allocated += e.BlockSize
+		t.Active += e.BlockSize
+	case ActionFreeRequested:
+		t.Allocated -= e.BlockSize
+	case ActionFreeCompleted:
+		if ends {
+			t.Allocated -= e.BlockSize
+		}
+		t.Active -= e.BlockSize
+	}
+}

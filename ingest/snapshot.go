@@ -34,14 +34,9 @@ func Snapshot(db *store.DB, r io.Reader, name string) ([]string, error) {
 		}
 		return nil, &InputError{err}
 	}
-	var keep []*pytorch.Trace
-	for _, t := range traces {
-		if len(t.Events) > 0 || (t.Final != nil && len(t.Final.Segments) > 0) {
-			keep = append(keep, t)
-		}
-	}
-	if len(keep) == 0 {
-		return nil, &InputError{errors.New("the snapshot holds no segments and no trace events on any device")}
+	keep, err := pytorch.Devices(traces, -1)
+	if err != nil {
+		return nil, &InputError{err}
 	}
 	return Store(db, keep, name)
 }

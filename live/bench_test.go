@@ -65,7 +65,7 @@ func (s *source) next(n int) []gpu.Event {
 // event's making to the first viewer message covering it, the ingest rate
 // and the peak heap.
 func runLive(b *testing.B, rate, total int, d time.Duration, viewers, stalled int) (lat []time.Duration, evps float64, heapMB float64) {
-	ts := newTestServer(b, "", Options{})
+	ts := newTestServer(b, Options{})
 	c, err := Dial(ts.srv.URL, "", ClientOptions{})
 	if err != nil {
 		b.Fatal(err)

@@ -46,7 +46,7 @@ type Client struct {
 	sent    int         // how many of pending went out on this connection
 	stacks  []StackDef  // every definition, sent again after a reconnect
 	unsent  int         // stacks[unsent:] still to go on this connection
-	known   map[string]uint64
+	known   gpu.StackTable
 	defined map[uint64]bool
 	ending  bool
 	quit    bool // Abandon: no reconnecting
@@ -74,7 +74,7 @@ func Dial(rawURL, token string, opt ClientOptions) (*Client, error) {
 	if opt.RetryFor <= 0 {
 		opt.RetryFor = 2 * time.Minute
 	}
-	c := &Client{url: u, hdr: http.Header{}, opt: opt, known: map[string]uint64{}, defined: map[uint64]bool{},
+	c := &Client{url: u, hdr: http.Header{}, opt: opt, defined: map[uint64]bool{},
 		done: make(chan struct{}), acked: -1}
 	if token != "" {
 		c.hdr.Set("Authorization", "Bearer "+token)
@@ -323,22 +323,16 @@ func (c *Client) over() bool {
 	}
 }
 
-// Stack interns s and returns its id on this stream (tracer.Stacks).
+// Stack interns s and returns its id on this stream (gpu.Stacks).
 func (c *Client) Stack(s gpu.Stack) gpu.StackID {
-	if len(s) == 0 {
-		return 0
-	}
-	b, _ := json.Marshal(s)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if id, ok := c.known[string(b)]; ok {
-		return gpu.StackID(id)
+	id, fresh := c.known.Intern(s)
+	if fresh {
+		c.stacks = append(c.stacks, StackDef{uint64(id), append(gpu.Stack(nil), s...)})
+		c.cond.Broadcast()
 	}
-	id := uint64(len(c.known) + 1)
-	c.known[string(b)] = id
-	c.stacks = append(c.stacks, StackDef{id, append(gpu.Stack(nil), s...)})
-	c.cond.Broadcast()
-	return gpu.StackID(id)
+	return id
 }
 
 // define records the frames of a stack id chosen elsewhere (see Tee).
@@ -388,23 +382,16 @@ func (c *Client) Acked() int64 {
 	return c.acked
 }
 
-// LocalSink is what a Tee writes to besides the server: the store's
-// Writer, for one.
-type LocalSink interface {
-	gpu.Sink
-	Stack(gpu.Stack) gpu.StackID
-}
-
 // Tee sends events both to a local sink and to the server, under the local
 // sink's stack ids.
 type Tee struct {
-	local LocalSink
+	local gpu.Recorder
 	c     *Client
 }
 
 // Tee returns a sink and stack interner writing to local and to c. Use it
 // instead of c's own Stack, not beside it.
-func (c *Client) Tee(local LocalSink) *Tee { return &Tee{local, c} }
+func (c *Client) Tee(local gpu.Recorder) *Tee { return &Tee{local, c} }
 
 // Stack interns s locally and tells the server its frames.
 func (t *Tee) Stack(s gpu.Stack) gpu.StackID {

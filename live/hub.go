@@ -1,16 +1,11 @@
 package live
 
 import (
-	"crypto/subtle"
-	"encoding/json"
-	"errors"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync"
 	"time"
 
-	"github.com/go-chi/chi/v5"
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
@@ -192,61 +187,31 @@ func (t *topic) publish(s Tail) {
 	}
 }
 
-// bearerOK says whether r carries token as "Authorization: Bearer TOKEN".
-func bearerOK(r *http.Request, token string) bool {
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(token)) == 1
+// ServeIngest serves /ws/ingest: one job streaming a trace. Who may
+// stream (tokens, hosts) is the router's to check before.
+func (h *Hub) ServeIngest(w http.ResponseWriter, r *http.Request) {
+	c, err := h.up.Upgrade(w, r, nil)
+	if err != nil {
+		return // the upgrader has answered
+	}
+	if !h.track(c) {
+		c.Close()
+		return
+	}
+	defer h.untrack(c)
+	h.ingest(c)
 }
 
-func httpError(w http.ResponseWriter, code int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	json.NewEncoder(w).Encode(map[string]string{"error": msg})
-}
-
-// IngestHandler serves /ws/ingest. A non-empty token must come as
-// "Authorization: Bearer TOKEN"; without it the answer is 401 and nothing
-// is written.
-func (h *Hub) IngestHandler(token string) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if token != "" && !bearerOK(r, token) {
-			httpError(w, http.StatusUnauthorized, "this server needs its token: send Authorization: Bearer TOKEN")
-			return
-		}
-		c, err := h.up.Upgrade(w, r, nil)
-		if err != nil {
-			return // the upgrader has answered
-		}
-		if !h.track(c) {
-			c.Close()
-			return
-		}
-		defer h.untrack(c)
-		h.ingest(c)
-	})
-}
-
-// ViewerHandler serves /ws/traces/{id}.
-func (h *Hub) ViewerHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id := chi.URLParam(r, "id")
-		tr, err := h.db.Trace(id)
-		if errors.Is(err, store.ErrNotFound) {
-			httpError(w, http.StatusNotFound, "no trace "+id)
-			return
-		} else if err != nil {
-			httpError(w, http.StatusInternalServerError, err.Error())
-			return
-		}
-		c, err := h.up.Upgrade(w, r, nil)
-		if err != nil {
-			return
-		}
-		if !h.track(c) {
-			c.Close()
-			return
-		}
-		defer h.untrack(c)
-		h.view(c, tr)
-	})
+// ServeViewer serves /ws/traces/{id}: one page following trace tr.
+func (h *Hub) ServeViewer(w http.ResponseWriter, r *http.Request, tr gpu.Trace) {
+	c, err := h.up.Upgrade(w, r, nil)
+	if err != nil {
+		return
+	}
+	if !h.track(c) {
+		c.Close()
+		return
+	}
+	defer h.untrack(c)
+	h.view(c, tr)
 }

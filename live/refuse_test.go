@@ -95,7 +95,7 @@ func refusal(t *testing.T, ts *testServer, conn *websocket.Conn, want string) gp
 }
 
 func TestBinaryIngestRefusesUnknownPool(t *testing.T) {
-	ts := newTestServer(t, "", Options{})
+	ts := newTestServer(t, Options{})
 	conn := ingestRaw(t, ts)
 	evs := []gpu.Event{
 		{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Pool: 4, Addr: 1 << 21, Size: 2 << 20},
@@ -116,7 +116,7 @@ func TestBinaryIngestRefusesUnknownPool(t *testing.T) {
 
 func TestIngestRefusesNegativeSeq(t *testing.T) {
 	for _, binary := range []bool{false, true} {
-		ts := newTestServer(t, "", Options{})
+		ts := newTestServer(t, Options{})
 		conn := ingestRaw(t, ts)
 		evs := []gpu.Event{
 			{Seq: -5, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 21, Size: 2 << 20},

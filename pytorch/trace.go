@@ -1,6 +1,8 @@
 package pytorch
 
 import (
+	"errors"
+	"fmt"
 	"math"
 	"math/bits"
 	"strconv"
@@ -60,6 +62,25 @@ func (t *Trace) Extra(i int) *EventExtra {
 		return nil
 	}
 	return &t.Extras[t.ExtraOf[i]-1]
+}
+
+// Devices picks from a snapshot's traces the devices to keep: the one of
+// ordinal device when device >= 0 (an error when the snapshot lacks it),
+// else every device that holds segments or trace events.
+func Devices(traces []*Trace, device int) ([]*Trace, error) {
+	var out []*Trace
+	for _, t := range traces {
+		if device >= 0 && t.Device == device || device < 0 && (len(t.Events) > 0 || len(t.Final.Segments) > 0) {
+			out = append(out, t)
+		}
+	}
+	if device >= 0 && len(out) == 0 {
+		return nil, fmt.Errorf("the snapshot has no device %d", device)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("the snapshot holds no segments and no trace events on any device")
+	}
+	return out, nil
 }
 
 // Recording is the device's trace as an event stream to replay. A snapshot

@@ -6,19 +6,15 @@ import "vramscope/gpu"
 // it (PyTorch snapshots do): at the first OOM, what the allocator held plus
 // what the driver had free. ok is false without an OOM.
 func EstimateCapacity(initial *gpu.Layout, events []gpu.Event) (capacity uint64, ok bool) {
-	var reserved uint64
+	var tot gpu.Totals
 	if initial != nil {
-		reserved = initial.Figures().Reserved
+		tot.Reserved = initial.Figures().Reserved
 	}
-	for _, e := range events {
-		switch e.Action {
-		case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
-			reserved += e.Size
-		case gpu.ActionSegmentFree, gpu.ActionSegmentUnmap:
-			reserved -= min(reserved, e.Size)
-		case gpu.ActionOOM:
-			return reserved + e.DeviceFree, true
+	for i := range events {
+		if events[i].Action == gpu.ActionOOM {
+			return tot.Reserved + events[i].DeviceFree, true
 		}
+		tot.Apply(&events[i], false)
 	}
 	return 0, false
 }

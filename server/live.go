@@ -16,7 +16,7 @@ import (
 func (s *Server) mountLive(r chi.Router) {
 	hub := live.NewHub(s.opt.DB, live.Options{Logger: s.log})
 	s.hub = hub
-	ingest := hub.IngestHandler(s.opt.Token)
+	ingest := s.requireToken(http.HandlerFunc(hub.ServeIngest))
 	if s.opt.Token == "" && !Loopback(s.opt.Addr) {
 		// Beyond loopback anyone could write traces: ingest needs a token.
 		ingest = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -24,7 +24,14 @@ func (s *Server) mountLive(r chi.Router) {
 		})
 	}
 	r.Method(http.MethodGet, "/ws/ingest", ingest)
-	r.Method(http.MethodGet, "/ws/traces/{id}", hub.ViewerHandler())
+	r.Get("/ws/traces/{id}", func(w http.ResponseWriter, r *http.Request) {
+		tr, err := s.opt.DB.Trace(chi.URLParam(r, "id"))
+		if err != nil {
+			s.storeError(w, r, err)
+			return
+		}
+		hub.ServeViewer(w, r, tr)
+	})
 	r.Get("/"+python.FileName, func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
 		w.Write(python.Source)

@@ -196,29 +196,6 @@ func (d *decoder) next(e *gpu.Event) (ends, ok bool) {
 	return ext&extEnds != 0, true
 }
 
-// totals are the byte counts the usage timeline draws.
-type totals struct{ reserved, allocated, active uint64 }
-
-// apply moves t over e; ends as in appendEvent.
-func (t *totals) apply(e *gpu.Event, ends bool) {
-	switch e.Action {
-	case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
-		t.reserved += e.Size
-	case gpu.ActionSegmentFree, gpu.ActionSegmentUnmap:
-		t.reserved -= e.Size
-	case gpu.ActionAlloc:
-		t.allocated += e.BlockSize
-		t.active += e.BlockSize
-	case gpu.ActionFreeRequested:
-		t.allocated -= e.BlockSize
-	case gpu.ActionFreeCompleted:
-		if ends {
-			t.allocated -= e.BlockSize
-		}
-		t.active -= e.BlockSize
-	}
-}
-
 // endsAllocation reports whether e ends an allocation's interval.
 func endsAllocation(e *gpu.Event, ends bool) bool {
 	return e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted && ends

@@ -1,8 +1,10 @@
 package store
 
+import "vramscope/gpu"
+
 // The usage pyramid: for every level k, the events are bucketed by
 // time_us >> k, and each bucket keeps its event count and the min, max and
-// last totals after its events. Buckets are built bottom-up as time moves on:
+// last gpu.Totals after its events. Buckets are built bottom-up as time moves on:
 // a bucket closes when an event falls outside it and is folded into its
 // parent, so each event costs O(1) amortized. Closed buckets with at least
 // levelMinEvents events become usage_levels rows; a reader answers any window
@@ -13,7 +15,7 @@ type levelAcc struct {
 	valid          bool
 	b              int64
 	n              int64
-	min, max, last totals
+	min, max, last gpu.Totals
 }
 
 type levelRow struct {
@@ -30,12 +32,12 @@ type pyramid struct {
 	priorUS int64
 }
 
-func minTotals(a, b totals) totals {
-	return totals{min(a.reserved, b.reserved), min(a.allocated, b.allocated), min(a.active, b.active)}
+func minTotals(a, b gpu.Totals) gpu.Totals {
+	return gpu.Totals{Reserved: min(a.Reserved, b.Reserved), Allocated: min(a.Allocated, b.Allocated), Active: min(a.Active, b.Active)}
 }
 
-func maxTotals(a, b totals) totals {
-	return totals{max(a.reserved, b.reserved), max(a.allocated, b.allocated), max(a.active, b.active)}
+func maxTotals(a, b gpu.Totals) gpu.Totals {
+	return gpu.Totals{Reserved: max(a.Reserved, b.Reserved), Allocated: max(a.Allocated, b.Allocated), Active: max(a.Active, b.Active)}
 }
 
 func (a *levelAcc) merge(o *levelAcc) {
@@ -45,8 +47,8 @@ func (a *levelAcc) merge(o *levelAcc) {
 	a.last = o.last
 }
 
-// add records the totals v after an event at time t.
-func (p *pyramid) add(t int64, v totals) {
+// add records the gpu.Totals v after an event at time t.
+func (p *pyramid) add(t int64, v gpu.Totals) {
 	a := &p.lv[0]
 	if a.valid && a.b == t {
 		a.n++

@@ -124,7 +124,7 @@ func (r *reader) close() {
 // chunk is one stored chunk of events.
 type chunk struct {
 	firstSeq, lastSeq, firstUS, lastUS int64
-	before                             totals
+	before                             gpu.Totals
 	cnt                                allocCounts
 	data                               []byte
 }
@@ -135,7 +135,7 @@ func scanChunk(s scanner) (*chunk, error) {
 	c := &chunk{}
 	var r, a, ac int64
 	err := s.Scan(&c.firstSeq, &c.lastSeq, &c.firstUS, &c.lastUS, &r, &a, &ac, &c.cnt.allocs, &c.cnt.allocBytes, &c.cnt.frees, &c.cnt.freeBytes, &c.data)
-	c.before = totals{uint64(r), uint64(a), uint64(ac)}
+	c.before = gpu.Totals{Reserved: uint64(r), Allocated: uint64(a), Active: uint64(ac)}
 	return c, err
 }
 
@@ -148,9 +148,9 @@ func (r *reader) oneChunk(where string, args ...any) (*chunk, error) {
 	return c, err
 }
 
-// walk decodes c's events in order, with the totals and counts after each;
+// walk decodes c's events in order, with the gpu.Totals and counts after each;
 // fn returns false to stop.
-func (c *chunk) walk(fn func(e *gpu.Event, ends bool, t totals, n allocCounts) bool) error {
+func (c *chunk) walk(fn func(e *gpu.Event, ends bool, t gpu.Totals, n allocCounts) bool) error {
 	d := newDecoder(c.data, c.firstSeq, c.firstUS)
 	t, n := c.before, c.cnt
 	var e gpu.Event
@@ -159,7 +159,7 @@ func (c *chunk) walk(fn func(e *gpu.Event, ends bool, t totals, n allocCounts) b
 		if !ok {
 			break
 		}
-		t.apply(&e, ends)
+		t.Apply(&e, ends)
 		if e.Action == gpu.ActionAlloc {
 			n.allocs++
 			n.allocBytes += int64(e.BlockSize)
@@ -178,8 +178,8 @@ func (c *chunk) walk(fn func(e *gpu.Event, ends bool, t totals, n allocCounts) b
 }
 
 // stateAt is the state after the last event with time <= t (inclusive) or
-// time < t (!inclusive): its seq (-1 if none), totals and allocation counts.
-func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot totals, cnt allocCounts, err error) {
+// time < t (!inclusive): its seq (-1 if none), gpu.Totals and allocation counts.
+func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot gpu.Totals, cnt allocCounts, err error) {
 	op := "<"
 	if inclusive {
 		op = "<="
@@ -194,7 +194,7 @@ func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot totals, cnt al
 	}
 	seq = c.firstSeq - 1
 	tot, cnt = c.before, c.cnt
-	err = c.walk(func(e *gpu.Event, _ bool, at totals, n allocCounts) bool {
+	err = c.walk(func(e *gpu.Event, _ bool, at gpu.Totals, n allocCounts) bool {
 		if e.TimeUS > t || !inclusive && e.TimeUS == t {
 			return false
 		}
@@ -205,17 +205,17 @@ func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot totals, cnt al
 }
 
 // initial is the state before the first event.
-func (r *reader) initial() (totals, allocCounts, error) {
+func (r *reader) initial() (gpu.Totals, allocCounts, error) {
 	c, err := r.oneChunk("1 ORDER BY first_seq LIMIT 1")
 	if err != nil || c != nil {
 		if c == nil {
-			return totals{}, allocCounts{}, err
+			return gpu.Totals{}, allocCounts{}, err
 		}
 		return c.before, c.cnt, err
 	}
 	l, err := r.checkpoint(initialSeq)
 	if err != nil {
-		return totals{}, allocCounts{}, err
+		return gpu.Totals{}, allocCounts{}, err
 	}
 	f := l.Figures()
 	var cnt allocCounts
@@ -227,7 +227,7 @@ func (r *reader) initial() (totals, allocCounts, error) {
 			}
 		}
 	}
-	return totals{f.Reserved, f.Allocated, f.Active}, cnt, nil
+	return gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}, cnt, nil
 }
 
 func (r *reader) checkpoint(seq int64) (*gpu.Layout, error) {
@@ -259,7 +259,7 @@ func (r *reader) events(from, to int64, fn func(e *gpu.Event) bool) error {
 			return err
 		}
 		more := true
-		err = c.walk(func(e *gpu.Event, _ bool, _ totals, _ allocCounts) bool {
+		err = c.walk(func(e *gpu.Event, _ bool, _ gpu.Totals, _ allocCounts) bool {
 			if e.Seq >= to {
 				more = false
 				return false
@@ -387,7 +387,7 @@ type Range struct {
 }
 
 // UsageBucket covers [StartUS, StartUS+Usage.BucketUS): the least and
-// greatest totals in effect in it, that is, entering it and after each of its
+// greatest gpu.Totals in effect in it, that is, entering it and after each of its
 // events.
 type UsageBucket struct {
 	StartUS   int64 `json:"start_us"`
@@ -441,9 +441,9 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 			return Usage{}, err
 		}
 		a.valid = true
-		a.min = totals{uint64(v[0]), uint64(v[3]), uint64(v[6])}
-		a.max = totals{uint64(v[1]), uint64(v[4]), uint64(v[7])}
-		a.last = totals{uint64(v[2]), uint64(v[5]), uint64(v[8])}
+		a.min = gpu.Totals{Reserved: uint64(v[0]), Allocated: uint64(v[3]), Active: uint64(v[6])}
+		a.max = gpu.Totals{Reserved: uint64(v[1]), Allocated: uint64(v[4]), Active: uint64(v[7])}
+		a.last = gpu.Totals{Reserved: uint64(v[2]), Allocated: uint64(v[5]), Active: uint64(v[8])}
 		aggs[a.b-b0] = a
 		stored[a.b-b0] = true
 	}
@@ -484,7 +484,7 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 		if err != nil {
 			return Usage{}, err
 		}
-		err = c.walk(func(e *gpu.Event, _ bool, v totals, _ allocCounts) bool {
+		err = c.walk(func(e *gpu.Event, _ bool, v gpu.Totals, _ allocCounts) bool {
 			if e.TimeUS < startUS {
 				return true
 			}
@@ -522,9 +522,9 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 			carry = a.last
 		}
 		out.Buckets[i] = UsageBucket{StartUS: (b0 + int64(i)) << k, Events: a.n,
-			Reserved:  Range{lo.reserved, hi.reserved},
-			Allocated: Range{lo.allocated, hi.allocated},
-			Active:    Range{lo.active, hi.active}}
+			Reserved:  Range{lo.Reserved, hi.Reserved},
+			Allocated: Range{lo.Allocated, hi.Allocated},
+			Active:    Range{lo.Active, hi.Active}}
 	}
 	return out, nil
 }

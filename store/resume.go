@@ -107,7 +107,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 	w := newWriter(db, l)
 	w.id, w.tid = t.ID, r.tid
 	w.n, w.first, w.firstUS, w.lastSeq, w.lastUS = t.Events, t.FirstSeq, t.FirstUS, t.LastSeq, t.LastUS
-	w.peak = totals{t.PeakReserved, t.PeakAllocated, t.PeakActive}
+	w.peak = gpu.Totals{Reserved: t.PeakReserved, Allocated: t.PeakAllocated, Active: t.PeakActive}
 	w.ooms = t.OOMs
 	if t.Events > 0 {
 		w.pyr.resumed, w.pyr.priorUS = true, t.LastUS
@@ -126,7 +126,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 	} else {
 		n := 0
 		var st encState
-		err := c.walk(func(e *gpu.Event, _ bool, tot totals, cnt allocCounts) bool {
+		err := c.walk(func(e *gpu.Event, _ bool, tot gpu.Totals, cnt allocCounts) bool {
 			n++
 			w.tot, w.cnt = tot, cnt
 			st = encState{seq: e.Seq, us: e.TimeUS, addr: e.Addr, stream: e.Stream}
@@ -162,14 +162,12 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 			rows.Close()
 			return nil, 0, err
 		}
-		// Re-marshal so the key matches what Stack computes.
 		var s gpu.Stack
 		if err := json.Unmarshal([]byte(frames), &s); err != nil {
 			rows.Close()
 			return nil, 0, err
 		}
-		b, _ := json.Marshal(s)
-		w.stacks[string(b)] = gpu.StackID(sid)
+		w.stacks.Add(s, gpu.StackID(sid))
 	}
 	rows.Close()
 	if err := rows.Err(); err != nil {

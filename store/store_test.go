@@ -89,16 +89,16 @@ type reference struct {
 
 // totalsAfter returns the totals after each event (index i: after evs[i]),
 // and before the first.
-func (ref *reference) totals() (before totals, after []totals) {
+func (ref *reference) totals() (before gpu.Totals, after []gpu.Totals) {
 	l := ref.initial.Clone()
 	f := l.Figures()
-	before = totals{f.Reserved, f.Allocated, f.Active}
+	before = gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}
 	for _, e := range ref.evs {
 		if err := l.Apply(e); err != nil {
 			panic(err)
 		}
 		f := l.Figures()
-		after = append(after, totals{f.Reserved, f.Allocated, f.Active})
+		after = append(after, gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active})
 	}
 	return before, after
 }
@@ -201,7 +201,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	ref := &reference{gpu.NewLayout(gpu.DefaultRules()), evs}
 	_, after := ref.totals()
-	var peak totals
+	var peak gpu.Totals
 	var ooms int64
 	for i, v := range after {
 		peak = maxTotals(peak, v)
@@ -210,8 +210,8 @@ func TestRoundTrip(t *testing.T) {
 		}
 	}
 	want := gpu.Trace{ID: w.ID(), TraceMeta: testMeta, Status: gpu.StatusComplete, Events: int64(len(evs)), FirstSeq: 0, LastSeq: evs[len(evs)-1].Seq,
-		FirstUS: evs[0].TimeUS, LastUS: evs[len(evs)-1].TimeUS, PeakReserved: peak.reserved, PeakAllocated: peak.allocated,
-		PeakActive: peak.active, OOMs: ooms, Created: tr.Created, Rules: gpu.DefaultRules()}
+		FirstUS: evs[0].TimeUS, LastUS: evs[len(evs)-1].TimeUS, PeakReserved: peak.Reserved, PeakAllocated: peak.Allocated,
+		PeakActive: peak.Active, OOMs: ooms, Created: tr.Created, Rules: gpu.DefaultRules()}
 	if !reflect.DeepEqual(tr, want) {
 		t.Fatalf("trace\n%+v\nwant\n%+v", tr, want)
 	}
@@ -357,8 +357,8 @@ func bruteUsage(ref *reference, u Usage) []UsageBucket {
 				n++
 			}
 		}
-		out[i] = UsageBucket{StartUS: b.StartUS, Events: n, Reserved: Range{lo.reserved, hi.reserved},
-			Allocated: Range{lo.allocated, hi.allocated}, Active: Range{lo.active, hi.active}}
+		out[i] = UsageBucket{StartUS: b.StartUS, Events: n, Reserved: Range{lo.Reserved, hi.Reserved},
+			Allocated: Range{lo.Allocated, hi.Allocated}, Active: Range{lo.Active, hi.Active}}
 	}
 	return out
 }

@@ -51,7 +51,7 @@ type chunkBuilder struct {
 	firstUS   int64
 	lastSeq   int64
 	lastUS    int64
-	before    totals
+	before    gpu.Totals
 	beforeCnt allocCounts
 	st        encState
 	buf       []byte
@@ -60,7 +60,7 @@ type chunkBuilder struct {
 type chunkRow struct {
 	firstSeq, lastSeq, firstUS, lastUS int64
 	n                                  int
-	before                             totals
+	before                             gpu.Totals
 	beforeCnt                          allocCounts
 	data                               []byte
 }
@@ -136,21 +136,21 @@ type Writer struct {
 	mu      sync.Mutex
 	closed  bool
 	layout  *gpu.Layout
-	tot     totals
+	tot     gpu.Totals
 	cnt     allocCounts
 	n       int64 // events written
 	first   int64
 	firstUS int64
 	lastSeq int64
 	lastUS  int64
-	peak    totals
+	peak    gpu.Totals
 	ooms    int64
 	chunk   chunkBuilder
 	pyr     pyramid
 	open    map[uint64]allocRec
 	bins    map[binKey]*bin
 	dirty   []*bin
-	stacks  map[string]gpu.StackID
+	stacks  gpu.StackTable
 	pend    pending
 	timer   *time.Timer
 
@@ -182,7 +182,7 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	w := newWriter(db, initial.Clone())
 	w.id = newTraceID()
 	f := w.layout.Figures()
-	w.tot = totals{f.Reserved, f.Allocated, f.Active}
+	w.tot = gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}
 	w.peak = w.tot
 	for i := range w.layout.Segments {
 		for _, b := range w.layout.Segments[i].Blocks {
@@ -200,7 +200,7 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
 			peak_reserved, peak_allocated, peak_active) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.reserved), int64(w.peak.allocated), int64(w.peak.active))
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active))
 		if err != nil {
 			return err
 		}
@@ -222,7 +222,7 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 
 func newWriter(db *DB, l *gpu.Layout) *Writer {
 	return &Writer{db: db, layout: l, first: -1, lastSeq: -1,
-		open: map[uint64]allocRec{}, bins: map[binKey]*bin{}, stacks: map[string]gpu.StackID{}}
+		open: map[uint64]allocRec{}, bins: map[binKey]*bin{}}
 }
 
 func (w *Writer) register() {
@@ -254,19 +254,13 @@ func (w *Writer) fail(err error) {
 
 // Stack interns s and returns its id, the same for equal stacks.
 func (w *Writer) Stack(s gpu.Stack) gpu.StackID {
-	if len(s) == 0 {
-		return 0
-	}
-	b, _ := json.Marshal(s)
-	key := string(b)
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if id, ok := w.stacks[key]; ok {
-		return id
+	id, fresh := w.stacks.Intern(s)
+	if fresh {
+		b, _ := json.Marshal(s)
+		w.pend.stacks = append(w.pend.stacks, stackRow{id, string(b)})
 	}
-	id := gpu.StackID(len(w.stacks) + 1)
-	w.stacks[key] = id
-	w.pend.stacks = append(w.pend.stacks, stackRow{id, key})
 	return id
 }
 
@@ -298,7 +292,7 @@ func (w *Writer) Emit(batch []gpu.Event) {
 	}
 }
 
-// add takes one event through the layout, the totals and every summary.
+// add takes one event through the layout, the gpu.Totals and every summary.
 func (w *Writer) add(e gpu.Event) error {
 	if err := encodable(&e); err != nil {
 		return err
@@ -335,8 +329,8 @@ func (w *Writer) add(e gpu.Event) error {
 		}
 		e.BlockSize = blockSize
 	}
-	w.tot.apply(&e, ends)
-	w.peak = totals{max(w.peak.reserved, w.tot.reserved), max(w.peak.allocated, w.tot.allocated), max(w.peak.active, w.tot.active)}
+	w.tot.Apply(&e, ends)
+	w.peak = gpu.Totals{Reserved: max(w.peak.Reserved, w.tot.Reserved), Allocated: max(w.peak.Allocated, w.tot.Allocated), Active: max(w.peak.Active, w.tot.Active)}
 	if e.Action == gpu.ActionOOM {
 		w.ooms++
 		w.pend.incidents = append(w.pend.incidents, gpu.Incident{N: int(w.ooms), Seq: e.Seq, TimeUS: e.TimeUS,
@@ -431,7 +425,7 @@ type batch struct {
 
 type traceCounters struct {
 	events, first, last, firstUS, lastUS int64
-	peak                                 totals
+	peak                                 gpu.Totals
 	ooms                                 int64
 }
 
@@ -572,7 +566,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 		defer st.Close()
 		for _, c := range chunks {
 			if _, err := st.Exec(tid, c.firstSeq, c.lastSeq, c.firstUS, c.lastUS, c.n,
-				int64(c.before.reserved), int64(c.before.allocated), int64(c.before.active),
+				int64(c.before.Reserved), int64(c.before.Allocated), int64(c.before.Active),
 				c.beforeCnt.allocs, c.beforeCnt.allocBytes, c.beforeCnt.frees, c.beforeCnt.freeBytes, c.data); err != nil {
 				return err
 			}
@@ -589,9 +583,9 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 			for _, r := range rows {
 				a := &r.acc
 				args = append(args, tid, r.k, a.b, a.n,
-					int64(a.min.reserved), int64(a.max.reserved), int64(a.last.reserved),
-					int64(a.min.allocated), int64(a.max.allocated), int64(a.last.allocated),
-					int64(a.min.active), int64(a.max.active), int64(a.last.active))
+					int64(a.min.Reserved), int64(a.max.Reserved), int64(a.last.Reserved),
+					int64(a.min.Allocated), int64(a.max.Allocated), int64(a.last.Allocated),
+					int64(a.min.Active), int64(a.max.Active), int64(a.last.Active))
 			}
 			q := "INSERT OR REPLACE INTO usage_levels (tid, k, b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last) VALUES " +
 				placeholders(len(rows), 13)
@@ -645,7 +639,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	t := &b.trace
 	q := `UPDATE traces SET event_count = ?, first_seq = ?, last_seq = ?, first_us = ?, last_us = ?,
 		peak_reserved = ?, peak_allocated = ?, peak_active = ?, oom_count = ?`
-	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.reserved), int64(t.peak.allocated), int64(t.peak.active), t.ooms}
+	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.Reserved), int64(t.peak.Allocated), int64(t.peak.Active), t.ooms}
 	if b.status != "" {
 		q += ", status = ?"
 		args = append(args, string(b.status))

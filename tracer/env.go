@@ -7,17 +7,11 @@ package tracer
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sort"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 )
-
-// Stacks interns stacks into ids (the store's writer does).
-type Stacks interface {
-	Stack(gpu.Stack) gpu.StackID
-}
 
 // Clock is simulated time in microseconds: workloads advance it by what
 // their work would take, so traces are deterministic.
@@ -34,7 +28,7 @@ type Env struct {
 	Alloc *caching.Allocator
 	Clock *Clock
 	// Stacks interns the frames stamped on events; nil drops them.
-	Stacks Stacks
+	Stacks gpu.Stacks
 	// Touch, when set, writes to allocated memory (a real GPU's memset), so
 	// the memory is really taken and touched.
 	Touch func(addr, size uint64) error
@@ -42,28 +36,17 @@ type Env struct {
 	// Metrics the figures behind them.
 	Notes   []string
 	Metrics map[string]float64
-
-	stackIDs map[string]gpu.StackID
 }
 
 // ErrStopped reports that a workload ended because an allocation failed.
 var ErrStopped = errors.New("workload stopped by an out-of-memory error")
 
-// stack interns frames given innermost first as name@file:line strings.
+// stack interns frames given innermost first.
 func (e *Env) stack(frames ...gpu.Frame) gpu.StackID {
 	if e.Stacks == nil {
 		return 0
 	}
-	key := fmt.Sprint(frames)
-	if id, ok := e.stackIDs[key]; ok {
-		return id
-	}
-	if e.stackIDs == nil {
-		e.stackIDs = make(map[string]gpu.StackID)
-	}
-	id := e.Stacks.Stack(append(gpu.Stack(nil), frames...))
-	e.stackIDs[key] = id
-	return id
+	return e.Stacks.Stack(frames)
 }
 
 // malloc allocates size bytes on stream 0 under the given stack, touching

@@ -11,11 +11,17 @@ import (
 	"vramscope/gpu/sim"
 )
 
-type stackRecorder struct{ stacks []gpu.Stack }
+type stackRecorder struct {
+	stacks []gpu.Stack
+	ids    gpu.StackTable
+}
 
 func (s *stackRecorder) Stack(st gpu.Stack) gpu.StackID {
-	s.stacks = append(s.stacks, st)
-	return gpu.StackID(len(s.stacks))
+	id, fresh := s.ids.Intern(st)
+	if fresh {
+		s.stacks = append(s.stacks, append(gpu.Stack(nil), st...))
+	}
+	return id
 }
 
 type runResult struct {

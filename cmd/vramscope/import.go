@@ -69,18 +69,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return inputError{fmt.Errorf("%s: %w", path, err)}
 	}
-	var chosen []*pytorch.Trace
-	for _, t := range traces {
-		if *device >= 0 && t.Device != *device {
-			continue
-		}
-		if *device < 0 && len(t.Events) == 0 && len(t.Final.Segments) == 0 {
-			continue
-		}
-		chosen = append(chosen, t)
-	}
-	if *device >= 0 && len(chosen) == 0 {
-		return inputError{fmt.Errorf("%s: no device %d in the snapshot", path, *device)}
+	chosen, err := pytorch.Devices(traces, *device)
+	if err != nil {
+		return inputError{fmt.Errorf("%s: %w", path, err)}
 	}
 	out := make([]importFigures, len(chosen))
 	for i, t := range chosen {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
-	"sync/atomic"
+	"sync"
 	"time"
 
 	"vramscope/gpu"
@@ -41,31 +41,27 @@ type recorded struct {
 // for the progress line; the allocator calls it from one goroutine, the
 // progress printer reads it from another.
 type counter struct {
-	next      gpu.Sink
-	events    atomic.Int64
-	reserved  atomic.Int64
-	allocated atomic.Int64
+	next   gpu.Sink
+	mu     sync.Mutex
+	events int64
+	tot    gpu.Totals
 }
 
 func (c *counter) Emit(batch []gpu.Event) {
-	var r, a int64
+	c.mu.Lock()
 	for i := range batch {
-		e := &batch[i]
-		switch e.Action {
-		case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
-			r += int64(e.Size)
-		case gpu.ActionSegmentFree, gpu.ActionSegmentUnmap:
-			r -= int64(e.Size)
-		case gpu.ActionAlloc:
-			a += int64(e.BlockSize)
-		case gpu.ActionFreeRequested:
-			a -= int64(e.BlockSize)
-		}
+		c.tot.Apply(&batch[i], false)
 	}
-	c.reserved.Add(r)
-	c.allocated.Add(a)
-	c.events.Add(int64(len(batch)))
+	c.events += int64(len(batch))
+	c.mu.Unlock()
 	c.next.Emit(batch)
+}
+
+// figures returns the events counted and the totals after them.
+func (c *counter) figures() (int64, gpu.Totals) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.events, c.tot
 }
 
 func openDevice(kind string, capacity uint64) (gpu.Device, func(addr, size uint64) error, func(), error) {
@@ -109,7 +105,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if err != nil {
 		return out, err
 	}
-	var local live.LocalSink = w
+	var local gpu.Recorder = w
 	var stream *live.Client
 	if rec.Live != "" {
 		if stream, err = live.Dial(rec.Live, rec.Token, live.ClientOptions{Meta: meta}); err != nil {
@@ -144,9 +140,9 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 				case <-done:
 					return
 				case <-t.C:
-					n := sink.events.Load()
+					n, tot := sink.figures()
 					fmt.Fprintf(progress, "%s: %d events (%.0f/s), reserved %s, allocated %s\n", rec.Name, n,
-						float64(n-last)/0.5, gpu.FormatBytes(uint64(max(0, sink.reserved.Load()))), gpu.FormatBytes(uint64(max(0, sink.allocated.Load()))))
+						float64(n-last)/0.5, gpu.FormatBytes(tot.Reserved), gpu.FormatBytes(tot.Allocated))
 					last = n
 				}
 			}

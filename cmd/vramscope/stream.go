@@ -64,20 +64,15 @@ func decodeSnapshotDevice(r io.Reader, device int) (*pytorch.Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(traces) == 0 {
-		return nil, fmt.Errorf("the snapshot has no device with segments or events")
+	traces, err = pytorch.Devices(traces, device)
+	if err != nil {
+		return nil, err
 	}
-	var best *pytorch.Trace
-	for _, t := range traces {
-		if device >= 0 && t.Device == device {
-			return t, nil
-		}
-		if best == nil || len(t.Events) > len(best.Events) {
+	best := traces[0]
+	for _, t := range traces[1:] {
+		if len(t.Events) > len(best.Events) {
 			best = t
 		}
-	}
-	if device >= 0 {
-		return nil, fmt.Errorf("the snapshot has no device %d", device)
 	}
 	return best, nil
 }
