@@ -9,11 +9,12 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 	"vramscope/replay"
 )
 
-const MiB = 1 << 20
+const MiB = testkit.MiB
 
 // record runs reqs on a simulated device and returns the events.
 func record(t *testing.T, reqs []replay.Request, capacity uint64, conf string) []gpu.Event {
@@ -28,19 +29,6 @@ func record(t *testing.T, reqs []replay.Request, capacity uint64, conf string) [
 		t.Fatal(err)
 	}
 	return events
-}
-
-// scenarioD: nine 6 MiB tensors, every other pair freed, then 10 MiB on a
-// 60 MiB device (spec §12 D).
-func scenarioD() []replay.Request {
-	var reqs []replay.Request
-	for i := int64(1); i <= 9; i++ {
-		reqs = append(reqs, replay.Request{Op: replay.OpMalloc, ID: i, Size: 6 * MiB})
-	}
-	for _, i := range []int64{1, 3, 4, 6, 7, 9} {
-		reqs = append(reqs, replay.Request{Op: replay.OpFree, ID: i})
-	}
-	return append(reqs, replay.Request{Op: replay.OpMalloc, ID: 10, Size: 10 * MiB})
 }
 
 // atFirstOOM returns the layout right after the first oom event, and it.
@@ -60,7 +48,7 @@ func atFirstOOM(t *testing.T, initial *gpu.Layout, events []gpu.Event) (*gpu.Lay
 }
 
 func TestScenarioDIsFragmentation(t *testing.T) {
-	events := record(t, scenarioD(), 60*MiB, "")
+	events := record(t, testkit.ScenarioD(), 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
 	r := Analyze(l, oom, 60*MiB)
 	if r.Kind != "fragmentation" {
@@ -167,7 +155,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 // The report's JSON keeps both the OOM's request and the layout's total of
 // requested bytes.
 func TestReportJSONKeepsBothRequests(t *testing.T) {
-	events := record(t, scenarioD(), 60*MiB, "")
+	events := record(t, testkit.ScenarioD(), 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
 	b, err := json.Marshal(Analyze(l, oom, 60*MiB))
 	if err != nil {

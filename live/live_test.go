@@ -19,6 +19,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/internal/testkit"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -32,10 +33,7 @@ type testServer struct {
 
 func newTestServer(t testing.TB, opt Options) *testServer {
 	t.Helper()
-	db, err := store.Open(t.TempDir() + "/live.db")
-	if err != nil {
-		t.Fatal(err)
-	}
+	db := testkit.OpenDB(t)
 	hub := NewHub(db, opt)
 	r := chi.NewRouter()
 	r.Get("/ws/ingest", hub.ServeIngest)
@@ -52,7 +50,6 @@ func newTestServer(t testing.TB, opt Options) *testServer {
 		srv.CloseClientConnections()
 		hub.Close()
 		srv.Close()
-		db.Close()
 	})
 	return &testServer{db, hub, srv}
 }
@@ -305,7 +302,6 @@ func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
 	}
 	checkStored(t, ts.db, id, w)
 }
-
 
 // viewerConn is a page's websocket.
 func viewerConn(t *testing.T, ts *testServer, id string) *websocket.Conn {

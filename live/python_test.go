@@ -13,9 +13,9 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 	"vramscope/server"
-	"vramscope/store"
 )
 
 func python(t *testing.T) string {
@@ -54,11 +54,7 @@ func TestPythonWatch(t *testing.T) {
 	}
 	f.Close()
 
-	db, err := store.Open(filepath.Join(t.TempDir(), "py.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := testkit.OpenDB(t)
 	const token = "tok"
 	// The whole server, as vramscope serve runs it.
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Token: token, Addr: "127.0.0.1:0"}).Handler())
@@ -133,11 +129,7 @@ func TestPythonWatch(t *testing.T) {
 }
 
 func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {
-	db, err := store.Open(filepath.Join(t.TempDir(), "t.db"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	db := testkit.OpenDB(t)
 	for _, c := range []struct {
 		addr, token, send string
 		want              int

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/static"
 	"vramscope/store"
 )
@@ -28,7 +29,7 @@ type fixture struct {
 
 func newFixture(t *testing.T, opt Options) *fixture {
 	t.Helper()
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	id, st, err := record(db, "fixture "+xssFrame, workload{Steps: 4, Layers: 6, Seed: 3})
 	if err != nil {
 		t.Fatal(err)

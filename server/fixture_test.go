@@ -3,7 +3,6 @@ package server
 import (
 	"fmt"
 	"math/rand/v2"
-	"path/filepath"
 	"testing"
 
 	"vramscope/gpu"
@@ -105,15 +104,4 @@ func record(db *store.DB, name string, w workload) (string, caching.Stats, error
 		return "", caching.Stats{}, err
 	}
 	return wr.ID(), a.Stats(), nil
-}
-
-// openDB opens a fresh database in a temporary directory.
-func openDB(tb testing.TB) *store.DB {
-	tb.Helper()
-	db, err := store.Open(filepath.Join(tb.TempDir(), "test.db"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { db.Close() })
-	return db
 }

@@ -2,9 +2,7 @@ package server
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -14,61 +12,18 @@ import (
 	"time"
 
 	"vramscope/gpu"
-	"vramscope/gpu/caching"
-	"vramscope/gpu/sim"
 	"vramscope/incident"
+	"vramscope/internal/testkit"
 	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
 
-const MiB = 1 << 20
+const MiB = testkit.MiB
 
 // fragCapacity is the simulated device of the frag workload: small, so the
 // trace is short, and large enough for its tensor sizes.
 const fragCapacity = 2 << 30
-
-// recordWorkload runs w through the caching allocator on a simulated device
-// into the store, as `vramscope trace` does, and returns the trace id. An
-// OOM ends the run like a real job's.
-func recordWorkload(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string) string {
-	tb.Helper()
-	cfg, err := caching.ParseConfig(conf)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
-	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
-		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	clk := &tracer.Clock{US: 1_000_000}
-	a, err := caching.New(dev, cfg, caching.WithSink(wr), caching.WithClock(clk.Now))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr})
-	var oom *caching.OutOfMemoryError
-	if runErr != nil && !errors.As(runErr, &oom) {
-		tb.Fatal(runErr)
-	}
-	if err := wr.Close(gpu.StatusComplete); err != nil {
-		tb.Fatal(err)
-	}
-	return wr.ID()
-}
-
-// replayWorkload replays a request stream, one request per 10 µs.
-func replayWorkload(reqs []replay.Request) tracer.Workload {
-	return tracer.WorkloadFunc(func(_ context.Context, env *tracer.Env) error {
-		for i := range reqs {
-			reqs[i].TimeUS = env.Clock.US + int64(i)*10
-		}
-		_, err := replay.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
-		return err
-	})
-}
 
 // serve starts a server over db.
 func serve(t *testing.T, db *store.DB) *httptest.Server {
@@ -132,8 +87,8 @@ func row(rows []incident.WhatIf, conf string) *incident.WhatIf {
 }
 
 func TestIncidentFragmentation(t *testing.T) {
-	db := openDB(t)
-	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	srv := serve(t, db)
 
 	var list struct {
@@ -211,13 +166,13 @@ func TestIncidentFragmentation(t *testing.T) {
 }
 
 func TestIncidentShortageIsNotFragmentation(t *testing.T) {
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	reqs := []replay.Request{
 		{Op: replay.OpMalloc, ID: 1, Size: 40 * MiB},
 		{Op: replay.OpMalloc, ID: 2, Size: 18 * MiB},
 		{Op: replay.OpMalloc, ID: 3, Size: 10 * MiB},
 	}
-	id := recordWorkload(t, db, "shortage", replayWorkload(reqs), 60*MiB, "")
+	id := testkit.Record(t, db, "shortage", testkit.Replaying(reqs), 60*MiB, "")
 	srv := serve(t, db)
 	base := srv.URL + "/api/traces/" + id + "/incidents/1"
 	var d incidentJSON
@@ -238,7 +193,7 @@ func TestIncidentOfUploadedSnapshot(t *testing.T) {
 	if err != nil {
 		t.Skipf("no snapshot: %v", err)
 	}
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	srv := serve(t, db)
 	code, b := post(t, srv.URL+"/api/traces?name=oom_nonexpandable.json", bytes.NewReader(data))
 	if code != http.StatusCreated {
@@ -302,8 +257,8 @@ func getPage(t *testing.T, url string, want int) []byte {
 // While the replays run, the what-if answers 202 and the page asks again;
 // the table is computed once and then served from memory.
 func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
-	db := openDB(t)
-	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	s := New(Options{DB: db, Logger: quietLogger()})
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)

@@ -10,13 +10,14 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/live"
 )
 
 // A live stream without the server's token is refused with 401 and
 // nothing is written; with it the stream is stored.
 func TestLiveIngestNeedsTheToken(t *testing.T) {
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(New(Options{DB: db, Token: "s3cret", Logger: quietLogger()}).Handler())
 	t.Cleanup(srv.Close)
 	for _, tok := range []string{"", "wrong"} {

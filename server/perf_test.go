@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"vramscope/internal/testkit"
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
@@ -24,7 +25,7 @@ func TestPerfMillionEvents(t *testing.T) {
 	if os.Getenv("VRAMSCOPE_PERF") != "1" {
 		t.Skip("set VRAMSCOPE_PERF=1 to measure on a 1M-event trace")
 	}
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	start := time.Now()
 	id := makeTrace(t, db, "million", workload{Steps: 2100, Layers: 24, Seed: 9})
 	tr, err := db.Trace(id)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"vramscope/internal/testkit"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -115,8 +116,8 @@ func TestPermalinks(t *testing.T) {
 
 // The links `vramscope trace` prints open the incident page.
 func TestIncidentPermalinkOfTraceCommand(t *testing.T) {
-	db := openDB(t)
-	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	srv := serve(t, db)
 	// The state cmd/vramscope's incidentPermalink stores.
 	token, err := db.CreatePermalink(id, json.RawMessage(`{"url": "/traces/`+id+`/incidents/1", "trace": "`+id+`", "incident": 1}`))

@@ -13,6 +13,7 @@ import (
 
 	"vramscope/incident"
 	"vramscope/ingest"
+	"vramscope/internal/testkit"
 	"vramscope/tracer"
 )
 
@@ -42,8 +43,8 @@ func shareLink(t *testing.T, ctx context.Context) string {
 
 func TestBrowserShareAndIncident(t *testing.T) {
 	ctx := browser(t)
-	db := openDB(t)
-	id := recordWorkload(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	srv := serve(t, db)
 	dir := shotDir(t)
 	tr, err := db.Trace(id)
@@ -170,7 +171,7 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 		t.Skipf("no snapshot: %v", err)
 	}
 	defer f.Close()
-	db := openDB(t)
+	db := testkit.OpenDB(t)
 	ids, err := ingest.Snapshot(db, f, "oom_nonexpandable.json")
 	if err != nil {
 		t.Fatal(err)

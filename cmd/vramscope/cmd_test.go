@@ -2,37 +2,23 @@ package main
 
 import (
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/store"
 )
 
-// scenarioDLog is spec scenario D as an RMM log: nine 6 MiB tensors, six
-// freed, then 10 MiB.
+// scenarioDLog writes spec scenario D as an RMM log and returns its path.
 func scenarioDLog(t *testing.T) string {
-	var b strings.Builder
-	b.WriteString("Thread,Time,Action,Pointer,Size,Stream\n")
-	for i := 0; i < 9; i++ {
-		fmt2(&b, "allocate", i, 6<<20)
-	}
-	for _, i := range []int{0, 2, 3, 5, 6, 8} {
-		fmt2(&b, "free", i, 6<<20)
-	}
-	fmt2(&b, "allocate", 9, 10<<20)
 	path := filepath.Join(t.TempDir(), "d.csv")
-	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+	if err := os.WriteFile(path, []byte(testkit.RMMLog(testkit.ScenarioD())), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
-}
-
-func fmt2(b *strings.Builder, action string, i, size int) {
-	fmt.Fprintf(b, "1,10:00:00.%06d,%s,%#x,%d,0x0\n", b.Len()%1000000, action, 0x7f0000000000+i<<24, size)
 }
 
 func TestReplayJSONScenarioD(t *testing.T) {

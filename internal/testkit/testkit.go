@@ -1,0 +1,115 @@
+// Package testkit holds what tests of several rooms need alike: a fresh
+// database, a workload recorded into it through the real allocator, and
+// spec scenario D. Nothing outside tests imports it.
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
+	"vramscope/replay"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// MiB is 2^20 bytes.
+const MiB = 1 << 20
+
+// OpenDB opens a fresh database in a temporary directory, closed when the
+// test ends.
+func OpenDB(tb testing.TB) *store.DB {
+	tb.Helper()
+	db, err := store.Open(filepath.Join(tb.TempDir(), "test.db"))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { db.Close() })
+	return db
+}
+
+// Record runs w through the caching allocator on a simulated device of
+// capacity bytes under conf into db, as `vramscope trace` does, and returns
+// the trace id. An OOM ends the run like a real job's.
+func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string) string {
+	tb.Helper()
+	cfg, err := caching.ParseConfig(conf)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
+	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
+		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	clk := &tracer.Clock{US: 1_000_000}
+	a, err := caching.New(dev, cfg, caching.WithSink(wr), caching.WithClock(clk.Now))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr})
+	var oom *caching.OutOfMemoryError
+	if runErr != nil && !errors.As(runErr, &oom) {
+		tb.Fatal(runErr)
+	}
+	if err := wr.Close(gpu.StatusComplete); err != nil {
+		tb.Fatal(err)
+	}
+	return wr.ID()
+}
+
+// Replaying is a workload that replays reqs, one request per 10 µs.
+func Replaying(reqs []replay.Request) tracer.Workload {
+	return tracer.WorkloadFunc(func(_ context.Context, env *tracer.Env) error {
+		reqs := append([]replay.Request(nil), reqs...)
+		for i := range reqs {
+			reqs[i].TimeUS = env.Clock.US + int64(i)*10
+		}
+		_, err := replay.Replay(env.Alloc, reqs, func(t int64) { env.Clock.US = t })
+		return err
+	})
+}
+
+// ScenarioDCapacity is the device of spec scenario D.
+const ScenarioDCapacity = 60 * MiB
+
+// ScenarioD is spec §12 D: nine 6 MiB tensors, every other pair freed,
+// then 10 MiB on a 60 MiB device, which fails with 36 MiB free in pieces.
+func ScenarioD() []replay.Request {
+	var reqs []replay.Request
+	for i := int64(1); i <= 9; i++ {
+		reqs = append(reqs, replay.Request{Op: replay.OpMalloc, ID: i, Size: 6 * MiB})
+	}
+	for _, i := range []int64{1, 3, 4, 6, 7, 9} {
+		reqs = append(reqs, replay.Request{Op: replay.OpFree, ID: i})
+	}
+	return append(reqs, replay.Request{Op: replay.OpMalloc, ID: 10, Size: 10 * MiB})
+}
+
+// RMMLog writes mallocs and frees as an RMM logging_resource_adaptor CSV
+// log, one row per request, 1 µs apart.
+func RMMLog(reqs []replay.Request) string {
+	var b strings.Builder
+	b.WriteString("Thread,Time,Action,Pointer,Size,Stream\n")
+	sizes := map[int64]uint64{}
+	for i, r := range reqs {
+		action := "allocate"
+		switch r.Op {
+		case replay.OpMalloc:
+			sizes[r.ID] = r.Size
+		case replay.OpFree:
+			action = "free"
+		default:
+			continue
+		}
+		fmt.Fprintf(&b, "1,10:00:00.%06d,%s,%#x,%d,0x0\n", i, action, 0x7f0000000000+r.ID<<24, sizes[r.ID])
+	}
+	return b.String()
+}
