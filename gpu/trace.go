@@ -56,6 +56,14 @@ type Trace struct {
 	Rules         Rules       `json:"-"`
 }
 
+// Title is what a trace is called: its name, or its id when it has none.
+func (t Trace) Title() string {
+	if t.Name == "" {
+		return t.ID
+	}
+	return t.Name
+}
+
 // Incident is an oom event of a trace, numbered from 1.
 type Incident struct {
 	N          int     `json:"n"`

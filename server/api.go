@@ -244,10 +244,6 @@ type allocationJSON struct {
 	Events []eventJSON `json:"events"`
 }
 
-// freeScan bounds how far past a free_requested the matching
-// free_completed is looked for.
-const freeScan = 1 << 14
-
 func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	seq, err := strconv.ParseInt(chi.URLParam(r, "seq"), 10, 64)
@@ -264,28 +260,13 @@ func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
 	if st == nil {
 		out.Frames = gpu.Stack{}
 	}
-	evs, err := s.opt.DB.Events(id, seq, seq+1)
+	evs, err := s.opt.DB.AllocationEvents(id, a)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
 	for _, e := range evs {
 		out.Events = append(out.Events, toEventJSON(e))
-	}
-	if a.FreeSeq >= 0 {
-		evs, err := s.opt.DB.Events(id, a.FreeSeq, a.FreeSeq+freeScan)
-		if err != nil {
-			s.storeError(w, r, err)
-			return
-		}
-		for i, e := range evs {
-			if i == 0 || e.Addr == a.Addr && e.Action == gpu.ActionFreeCompleted {
-				out.Events = append(out.Events, toEventJSON(e))
-				if i > 0 || e.Action == gpu.ActionFreeCompleted {
-					break
-				}
-			}
-		}
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -265,27 +265,23 @@ func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
 	base := srv.URL + "/api/traces/" + id + "/incidents/1"
 
 	// Hold the one replay slot, so the job cannot start yet.
-	s.whatifs.run <- struct{}{}
-	s.whatifs.wait = time.Millisecond
+	s.replaySlots <- struct{}{}
+	s.whatifWait = time.Millisecond
 	var w whatifJSON
 	getJSON(t, base+"/whatif", http.StatusAccepted, &w)
 	if w.Status != "running" || w.Table != nil {
 		t.Fatalf("while running: %+v", w)
 	}
-	<-s.whatifs.run
-	s.whatifs.wait = whatifWait
+	<-s.replaySlots
+	s.whatifWait = whatifWait
 	first := whatIf(t, base)
 	if e := row(first.Rows, "expandable_segments:True"); e == nil || !e.Avoided {
 		t.Fatalf("what-if: %+v", first)
 	}
 	// A second request is answered from the cache: the same job.
-	s.whatifs.mu.Lock()
-	jobs := len(s.whatifs.jobs)
-	s.whatifs.mu.Unlock()
+	jobs := s.whatifs.Len()
 	whatIf(t, base)
-	s.whatifs.mu.Lock()
-	defer s.whatifs.mu.Unlock()
-	if jobs != 1 || len(s.whatifs.jobs) != 1 {
-		t.Fatalf("%d then %d what-if jobs for one incident", jobs, len(s.whatifs.jobs))
+	if jobs != 1 || s.whatifs.Len() != 1 {
+		t.Fatalf("%d then %d what-if jobs for one incident", jobs, s.whatifs.Len())
 	}
 }

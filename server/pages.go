@@ -2,15 +2,13 @@ package server
 
 import (
 	"errors"
-	"io/fs"
-	"mime"
 	"net/http"
-	"path"
 	"strings"
 
 	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
 
+	"vramscope/gpu"
 	"vramscope/static"
 	"vramscope/store"
 	"vramscope/web"
@@ -34,21 +32,26 @@ func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
 	render(w, r, http.StatusOK, web.TraceList(page("Traces"), ts))
 }
 
+// pageTrace is the trace view: a frame that view.js fills from the API.
 func (s *Server) pageTrace(w http.ResponseWriter, r *http.Request) {
+	if t, ok := s.traceOfPage(w, r); ok {
+		render(w, r, http.StatusOK, web.TraceView(page(t.Title()), t))
+	}
+}
+
+// traceOfPage reads the trace a page is about; ok is false after answering
+// with a not-found page or an error.
+func (s *Server) traceOfPage(w http.ResponseWriter, r *http.Request) (gpu.Trace, bool) {
 	t, err := s.opt.DB.Trace(chi.URLParam(r, "id"))
 	if errors.Is(err, store.ErrNotFound) {
 		render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), "There is no trace "+chi.URLParam(r, "id")+"."))
-		return
+		return t, false
 	}
 	if err != nil {
 		s.storeError(w, r, err)
-		return
+		return t, false
 	}
-	title := t.Name
-	if title == "" {
-		title = t.ID
-	}
-	render(w, r, http.StatusOK, web.TraceView(page(title), t))
+	return t, true
 }
 
 // notFound answers JSON under /api and a page elsewhere.
@@ -60,36 +63,9 @@ func (s *Server) notFound(w http.ResponseWriter, r *http.Request) {
 	render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), "There is no page at "+r.URL.Path+"."))
 }
 
-// static serves the embedded files. The current version's URLs are
-// immutable; an old version's still get the current file (with a short
-// cache life) so that a page loaded before an upgrade keeps working.
+// static serves the embedded files.
 func (s *Server) static(w http.ResponseWriter, r *http.Request) {
-	name := chi.URLParam(r, "name")
-	tag, ok := static.ETags[name]
-	if !ok || strings.Contains(name, "/") {
+	if name := chi.URLParam(r, "name"); !static.Serve(w, r, chi.URLParam(r, "version"), name) {
 		writeError(w, http.StatusNotFound, "no static file %q", name)
-		return
 	}
-	b, err := fs.ReadFile(static.FS, name)
-	if err != nil {
-		writeError(w, http.StatusNotFound, "no static file %q", name)
-		return
-	}
-	h := w.Header()
-	h.Set("ETag", tag)
-	if chi.URLParam(r, "version") == static.Version {
-		h.Set("Cache-Control", "public, max-age=31536000, immutable")
-	} else {
-		h.Set("Cache-Control", "no-cache")
-	}
-	ct := mime.TypeByExtension(path.Ext(name))
-	if path.Ext(name) == ".js" {
-		ct = "text/javascript; charset=utf-8"
-	}
-	h.Set("Content-Type", ct)
-	if match := r.Header.Get("If-None-Match"); match != "" && strings.Contains(match, tag) {
-		w.WriteHeader(http.StatusNotModified)
-		return
-	}
-	w.Write(b)
 }

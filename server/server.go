@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"time"
+	"vramscope/incident"
 	"vramscope/live"
 
 	"github.com/go-chi/chi/v5"
@@ -33,7 +34,7 @@ type Options struct {
 // DefaultMaxUpload is the upload cap when Options.MaxUploadBytes is zero.
 const DefaultMaxUpload = 2 << 30
 
-// requestTimeout bounds every request but uploads and (later) websockets.
+// requestTimeout bounds every request but uploads and websockets.
 const requestTimeout = 30 * time.Second
 
 // Server serves one database.
@@ -41,14 +42,17 @@ type Server struct {
 	opt    Options
 	log    *slog.Logger
 	router chi.Router
-	// whatifs caches incident what-if tables (replays of a whole trace).
-	whatifs *whatifCache
-	hub     *live.Hub // live ingest and viewers
+	// whatifs computes and keeps incident what-if tables (replays of a
+	// whole trace), one replay at a time: replaySlots.
+	whatifs     *incident.Jobs
+	replaySlots chan struct{}
+	whatifWait  time.Duration
+	hub         *live.Hub // live ingest and viewers
 }
 
 // New builds the router. Routes are grouped so that long-lived ones
-// (uploads now; /ws/ingest and /ws/traces/{id} later) sit outside the
-// timeout and compression middleware.
+// (uploads and the live websockets) sit outside the timeout and
+// compression middleware.
 func New(opt Options) *Server {
 	if opt.Addr == "" {
 		opt.Addr = "127.0.0.1:8080"
@@ -59,7 +63,8 @@ func New(opt Options) *Server {
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
-	s := &Server{opt: opt, log: opt.Logger, whatifs: newWhatifCache(16)}
+	s := &Server{opt: opt, log: opt.Logger, replaySlots: make(chan struct{}, 1), whatifWait: whatifWait}
+	s.whatifs = incident.NewJobs(opt.DB, 16, s.replaySlots)
 	r := chi.NewRouter()
 	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders, sameOrigin)
 

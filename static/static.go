@@ -9,20 +9,21 @@ import (
 	"embed"
 	"encoding/hex"
 	"io/fs"
+	"mime"
+	"net/http"
+	"path"
 	"sort"
+	"strings"
 )
 
 //go:embed *.js *.css
 var files embed.FS
 
-// FS is the embedded files.
-var FS fs.FS = files
-
 // Version is a content hash of every file: the cache-busting path element.
 var Version string
 
-// ETags holds a strong ETag per file name.
-var ETags = map[string]string{}
+// etags holds a strong ETag per file name.
+var etags = map[string]string{}
 
 func init() {
 	names, _ := fs.Glob(files, "*")
@@ -31,7 +32,7 @@ func init() {
 	for _, n := range names {
 		b, _ := fs.ReadFile(files, n)
 		h := sha256.Sum256(b)
-		ETags[n] = `"` + hex.EncodeToString(h[:8]) + `"`
+		etags[n] = `"` + hex.EncodeToString(h[:8]) + `"`
 		all.Write([]byte(n))
 		all.Write(h[:])
 	}
@@ -40,3 +41,37 @@ func init() {
 
 // Prefix is the URL path under which the files are served.
 func Prefix() string { return "/static/" + Version + "/" }
+
+// Serve answers a request for file name under version's prefix and
+// reports whether there is such a file (if not, it has written nothing).
+// The current version's URLs are immutable; an old version's still get the
+// current file, with a short cache life, so a page loaded before an upgrade
+// keeps working.
+func Serve(w http.ResponseWriter, r *http.Request, version, name string) bool {
+	tag, ok := etags[name]
+	if !ok || strings.Contains(name, "/") {
+		return false
+	}
+	b, err := fs.ReadFile(files, name)
+	if err != nil {
+		return false
+	}
+	h := w.Header()
+	h.Set("ETag", tag)
+	if version == Version {
+		h.Set("Cache-Control", "public, max-age=31536000, immutable")
+	} else {
+		h.Set("Cache-Control", "no-cache")
+	}
+	ct := mime.TypeByExtension(path.Ext(name))
+	if path.Ext(name) == ".js" {
+		ct = "text/javascript; charset=utf-8"
+	}
+	h.Set("Content-Type", ct)
+	if match := r.Header.Get("If-None-Match"); match != "" && strings.Contains(match, tag) {
+		w.WriteHeader(http.StatusNotModified)
+		return true
+	}
+	w.Write(b)
+	return true
+}

@@ -307,6 +307,39 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	return rec, err
 }
 
+// freeScan bounds how far past a free_requested the matching
+// free_completed is looked for.
+const freeScan = 1 << 14
+
+// AllocationEvents returns the events that made and ended allocation a:
+// its alloc, and its free_requested and free_completed when it has them.
+func (db *DB) AllocationEvents(id string, a gpu.Allocation) ([]gpu.Event, error) {
+	var out []gpu.Event
+	if a.Seq >= 0 {
+		evs, err := db.Events(id, a.Seq, a.Seq+1)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, evs...)
+	}
+	if a.FreeSeq < 0 {
+		return out, nil
+	}
+	evs, err := db.Events(id, a.FreeSeq, a.FreeSeq+freeScan)
+	if err != nil {
+		return nil, err
+	}
+	for i, e := range evs {
+		if i == 0 || e.Addr == a.Addr && e.Action == gpu.ActionFreeCompleted {
+			out = append(out, e)
+			if i > 0 || e.Action == gpu.ActionFreeCompleted {
+				break
+			}
+		}
+	}
+	return out, nil
+}
+
 // Stack returns an interned stack of a trace.
 func (db *DB) Stack(id string, sid gpu.StackID) (gpu.Stack, error) {
 	var frames string

@@ -1,6 +1,7 @@
 package store
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
@@ -542,5 +543,25 @@ func TestAbortLeavesNothing(t *testing.T) {
 	}
 	if n := countRows(t, db); n != 0 {
 		t.Fatalf("delete left %d rows", n)
+	}
+}
+
+// Trace ids never start with '-' or '_', even from the bytes whose plain
+// encoding would.
+func TestTraceIDsNeverStartWithADash(t *testing.T) {
+	for _, first := range []byte{0xf8, 0xfc, 0xff} { // "-", "_", "_" in plain base64url
+		var b [12]byte
+		b[0] = first
+		if plain := base64.RawURLEncoding.EncodeToString(b[:]); plain[0] != '-' && plain[0] != '_' {
+			t.Fatalf("test bytes %#x encode to %q", first, plain)
+		}
+		if id := traceID(b); id[0] == '-' || id[0] == '_' || len(id) != 16 {
+			t.Errorf("bytes starting %#x give id %q", first, id)
+		}
+	}
+	for range 2000 {
+		if id := newTraceID(); id[0] == '-' || id[0] == '_' {
+			t.Fatalf("new id %q", id)
+		}
 	}
 }

@@ -161,6 +161,14 @@ type Writer struct {
 func newTraceID() string {
 	var b [12]byte
 	rand.Read(b[:])
+	return traceID(b)
+}
+
+// traceID encodes 12 random bytes as a trace id. The top bit of the first
+// byte is cleared so the id never starts with '-' or '_' (the last two of
+// the URL-safe alphabet): a command line would read a leading '-' as a flag.
+func traceID(b [12]byte) string {
+	b[0] &= 0x7f
 	return base64.RawURLEncoding.EncodeToString(b[:])
 }
 

@@ -6,12 +6,10 @@ package web
 
 //lint:file-ignore SA4006 This context is only used if a nested component is present.
 
-import (
-	"vramscope/gpu"
+import "github.com/a-h/templ"
+import templruntime "github.com/a-h/templ/runtime"
 
-	"github.com/a-h/templ"
-	templruntime "github.com/a-h/templ/runtime"
-)
+import "vramscope/gpu"
 
 // IncidentPage is one OOM of a trace: the verdict, the segment map frozen
 // at the OOM with the pinning blocks marked, the timeline leading up to

@@ -6,12 +6,10 @@ package web
 
 //lint:file-ignore SA4006 This context is only used if a nested component is present.
 
-import (
-	"vramscope/gpu"
+import "github.com/a-h/templ"
+import templruntime "github.com/a-h/templ/runtime"
 
-	"github.com/a-h/templ"
-	templruntime "github.com/a-h/templ/runtime"
-)
+import "vramscope/gpu"
 
 // TraceView is one trace: the timeline, the segment map and the details,
 // drawn by view.js from the JSON API. The view itself (window, cursor,

@@ -30,13 +30,6 @@ func Duration(us int64) string {
 	return fmt.Sprintf("%.1f min", float64(us)/6e7)
 }
 
-func nameOf(t gpu.Trace) string {
-	if t.Name != "" {
-		return t.Name
-	}
-	return t.ID
-}
-
 func itoa(n int) string   { return strconv.Itoa(n) }
 func i64(n int64) string  { return strconv.FormatInt(n, 10) }
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"sort"
 	"strings"
 )
@@ -115,6 +116,9 @@ func newFlags(name string, stderr io.Writer) *flag.FlagSet {
 // parseArgs parses flags that may come before or after positional
 // arguments (vramscope import FILE --name x) and returns the positionals.
 func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	if err := dashedTraceID(fs, args); err != nil {
+		return nil, err
+	}
 	var pos []string
 	for {
 		if err := fs.Parse(args); err != nil {
@@ -133,4 +137,51 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// traceIDShape is a trace id (16 letters of the URL-safe base64 alphabet)
+// that starts with '-', as ids made before they were kept from doing so can.
+var traceIDShape = regexp.MustCompile(`^-[A-Za-z0-9_-]{15}$`)
+
+// dashedTraceID refuses, with a way out, an argument the flag parser would
+// take for an unknown flag but that is a trace id.
+func dashedTraceID(fs *flag.FlagSet, args []string) error {
+	for i, a := range args {
+		if a == "--" {
+			return nil
+		}
+		if !traceIDShape.MatchString(a) || fs.Lookup(strings.TrimLeft(a, "-")) != nil || i > 0 && takesValue(fs, args[i-1]) {
+			continue
+		}
+		return usagef("%s looks like a trace id: put it after -- (%s [flags] -- %s) or give it as --trace %s", a, fs.Name(), a, a)
+	}
+	return nil
+}
+
+// takesValue says whether arg is a flag that reads the next argument.
+func takesValue(fs *flag.FlagSet, arg string) bool {
+	name := strings.TrimLeft(arg, "-")
+	if !strings.HasPrefix(arg, "-") || strings.Contains(name, "=") {
+		return false
+	}
+	f := fs.Lookup(name)
+	if f == nil {
+		return false
+	}
+	b, isBool := f.Value.(interface{ IsBoolFlag() bool })
+	return !isBool || !b.IsBoolFlag()
+}
+
+// traceFlag adds --trace ID, which names a stored trace however its id
+// begins.
+func traceFlag(fs *flag.FlagSet) *string {
+	return fs.String("trace", "", "a stored trace `ID` (the same as giving it as an argument after --)")
+}
+
+// withTrace puts a --trace value first among the positional arguments.
+func withTrace(pos []string, id string) []string {
+	if id == "" {
+		return pos
+	}
+	return append([]string{id}, pos...)
 }

@@ -63,10 +63,12 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: vramscope trace [--workload train|serve-kv|frag|replay FILE] [flags]")
 		fs.PrintDefaults()
 	}
+	traceID := traceFlag(fs)
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
+	pos = withTrace(pos, *traceID)
 	var w tracer.Workload
 	switch *workload {
 	case "train":

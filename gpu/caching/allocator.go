@@ -161,7 +161,6 @@ func (a *Allocator) SetMemoryFraction(f float64) {
 	a.setFraction = true
 }
 
-
 // Stats returns a copy of the statistics.
 func (a *Allocator) Stats() Stats { return a.stats }
 

@@ -1,0 +1,82 @@
+package incident
+
+import (
+	"sync"
+
+	"vramscope/replay"
+)
+
+// Jobs computes what-if tables of stored incidents in the background and
+// keeps the recent ones: each replays a whole trace several times, which
+// can take a while on big traces, so a caller can wait a little and answer
+// "still running" instead.
+type Jobs struct {
+	db    Store
+	slots chan struct{} // one token per replay allowed to run at once
+	mu    sync.Mutex
+	keep  int
+	jobs  map[jobKey]*Job
+	keys  []jobKey
+}
+
+type jobKey struct {
+	id      string
+	n       int
+	lastSeq int64 // a live trace that grew gets a new replay
+}
+
+// Job is one what-if computation; Done closes when Table or Err is set.
+type Job struct {
+	Done  chan struct{}
+	Table Table
+	Err   error
+}
+
+// NewJobs keeps the last keep tables of db's traces; slots bounds the
+// replays running at once (its capacity).
+func NewJobs(db Store, keep int, slots chan struct{}) *Jobs {
+	return &Jobs{db: db, slots: slots, keep: keep, jobs: map[jobKey]*Job{}}
+}
+
+// WhatIf returns the job answering incident n of trace id as it stands
+// with lastSeq its last event, starting it when there is none. A failed
+// job is forgotten, so asking again tries again.
+func (c *Jobs) WhatIf(id string, n int, lastSeq int64) *Job {
+	k := jobKey{id, n, lastSeq}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if j, ok := c.jobs[k]; ok {
+		return j
+	}
+	if len(c.keys) >= c.keep {
+		delete(c.jobs, c.keys[0])
+		c.keys = c.keys[1:]
+	}
+	j := &Job{Done: make(chan struct{})}
+	c.jobs[k] = j
+	c.keys = append(c.keys, k)
+	go func() {
+		c.slots <- struct{}{}
+		defer func() { <-c.slots }()
+		defer close(j.Done)
+		rec, err := c.db.Recording(id)
+		if err == nil {
+			j.Table, err = Answer(replay.FromRecording(rec), n)
+		}
+		if j.Err = err; err != nil {
+			c.mu.Lock()
+			if c.jobs[k] == j {
+				delete(c.jobs, k)
+			}
+			c.mu.Unlock()
+		}
+	}()
+	return j
+}
+
+// Len is how many jobs are kept.
+func (c *Jobs) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.jobs)
+}
