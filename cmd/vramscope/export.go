@@ -22,12 +22,10 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: vramscope export TRACE -o FILE.pickle [--db PATH]")
 		fs.PrintDefaults()
 	}
-	traceID := traceFlag(fs)
-	pos, err := parseArgs(fs, args)
+	pos, err := parseTraceArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	pos = withTrace(pos, *traceID)
 	if len(pos) != 1 || *out == "" {
 		return usagef("want one TRACE and -o FILE")
 	}

@@ -172,16 +172,14 @@ func takesValue(fs *flag.FlagSet, arg string) bool {
 	return !isBool || !b.IsBoolFlag()
 }
 
-// traceFlag adds --trace ID, which names a stored trace however its id
-// begins.
-func traceFlag(fs *flag.FlagSet) *string {
-	return fs.String("trace", "", "a stored trace `ID` (the same as giving it as an argument after --)")
-}
-
-// withTrace puts a --trace value first among the positional arguments.
-func withTrace(pos []string, id string) []string {
-	if id == "" {
-		return pos
+// parseTraceArgs is parseArgs for commands that take a stored trace: it
+// adds --trace ID, which names a trace however its id begins, and puts its
+// value first among the positionals.
+func parseTraceArgs(fs *flag.FlagSet, args []string) ([]string, error) {
+	id := fs.String("trace", "", "a stored trace `ID` (the same as giving it as an argument after --)")
+	pos, err := parseArgs(fs, args)
+	if err != nil || *id == "" {
+		return pos, err
 	}
-	return append([]string{id}, pos...)
+	return append([]string{*id}, pos...), nil
 }

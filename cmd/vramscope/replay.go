@@ -31,12 +31,10 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "FILE is an RMM logging_resource_adaptor CSV log or a PyTorch memory snapshot; TRACE a stored trace id.")
 		fs.PrintDefaults()
 	}
-	traceID := traceFlag(fs)
-	pos, err := parseArgs(fs, args)
+	pos, err := parseTraceArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	pos = withTrace(pos, *traceID)
 	if len(pos) != 1 {
 		return usagef("want one FILE, got %d arguments", len(pos))
 	}

@@ -63,12 +63,10 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "usage: vramscope trace [--workload train|serve-kv|frag|replay FILE] [flags]")
 		fs.PrintDefaults()
 	}
-	traceID := traceFlag(fs)
-	pos, err := parseArgs(fs, args)
+	pos, err := parseTraceArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	pos = withTrace(pos, *traceID)
 	var w tracer.Workload
 	switch *workload {
 	case "train":

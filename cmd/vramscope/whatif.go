@@ -25,12 +25,10 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintln(stderr, "TRACE is a stored trace id; FILE is an RMM log or a PyTorch snapshot.")
 		fs.PrintDefaults()
 	}
-	traceID := traceFlag(fs)
-	pos, err := parseArgs(fs, args)
+	pos, err := parseTraceArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	pos = withTrace(pos, *traceID)
 	if len(pos) != 1 {
 		return usagef("want one TRACE or FILE, got %d arguments", len(pos))
 	}
