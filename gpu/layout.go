@@ -128,6 +128,16 @@ func blockAt(s *Segment, addr uint64) int {
 	return -1
 }
 
+// holding finds the segment and block that hold e.Addr, or says there is
+// no segment there.
+func (l *Layout) holding(e Event) (si, j int, err error) {
+	si = l.segmentAt(e.Addr)
+	if si < 0 {
+		return 0, 0, mismatch(e, "no segment holds the address")
+	}
+	return si, blockAt(&l.Segments[si], e.Addr), nil
+}
+
 // BlockAt returns the block containing addr, or nil.
 func (l *Layout) BlockAt(addr uint64) *Block {
 	s := l.SegmentAt(addr)
@@ -205,12 +215,11 @@ func (l *Layout) Apply(e Event) error {
 // release frees the block starting at e.Addr, after check approves it, and
 // merges it with free neighbours.
 func (l *Layout) release(e Event, check func(*Block) error) error {
-	si := l.segmentAt(e.Addr)
-	if si < 0 {
-		return mismatch(e, "no segment holds the address")
+	si, j, err := l.holding(e)
+	if err != nil {
+		return err
 	}
 	s := &l.Segments[si]
-	j := blockAt(s, e.Addr)
 	if j < 0 || s.Blocks[j].Addr != e.Addr {
 		return mismatch(e, "no block starts there")
 	}
@@ -319,12 +328,11 @@ func (l *Layout) addMapped(e Event) error {
 // removeFreeRange unmaps [Addr, Addr+Size), which must lie inside one free
 // block, splitting its segment in two when the range is in the middle.
 func (l *Layout) removeFreeRange(e Event) error {
-	i := l.segmentAt(e.Addr)
-	if i < 0 {
-		return mismatch(e, "no segment holds the address")
+	i, j, err := l.holding(e)
+	if err != nil {
+		return err
 	}
 	s := &l.Segments[i]
-	j := blockAt(s, e.Addr)
 	b := s.Blocks[j]
 	end := e.Addr + e.Size
 	if b.State != BlockFree || b.End() < end {
@@ -357,12 +365,11 @@ func (l *Layout) removeFreeRange(e Event) error {
 // alloc hands out the front of the free block starting at e.Addr, split as
 // the allocator would split it.
 func (l *Layout) alloc(e Event) error {
-	si := l.segmentAt(e.Addr)
-	if si < 0 {
-		return mismatch(e, "no segment holds the address")
+	si, j, err := l.holding(e)
+	if err != nil {
+		return err
 	}
 	s := &l.Segments[si]
-	j := blockAt(s, e.Addr)
 	b := s.Blocks[j]
 	if b.Addr != e.Addr || b.State != BlockFree {
 		return mismatch(e, "no free block starts there")
@@ -389,12 +396,11 @@ func (l *Layout) alloc(e Event) error {
 // would have handed out; where the rest of the free block is too small to
 // have been split off, the block took all of it.
 func (l *Layout) carve(e Event, state BlockState) error {
-	si := l.segmentAt(e.Addr)
-	if si < 0 {
-		return mismatch(e, "no segment holds the address")
+	si, j, err := l.holding(e)
+	if err != nil {
+		return err
 	}
 	s := &l.Segments[si]
-	j := blockAt(s, e.Addr)
 	b := s.Blocks[j]
 	if b.State != BlockFree {
 		return mismatch(e, "the address is in a live block")

@@ -243,17 +243,10 @@ func (r *byteReader) uvarint() uint64 {
 	return v
 }
 
+// varint undoes binary.AppendVarint's zig-zag encoding.
 func (r *byteReader) varint() int64 {
-	if r.err != nil {
-		return 0
-	}
-	v, n := binary.Varint(r.b[r.off:])
-	if n <= 0 {
-		r.err = errShort
-		return 0
-	}
-	r.off += n
-	return v
+	u := r.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 func (r *byteReader) bytes(n uint64) []byte {

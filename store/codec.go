@@ -140,15 +140,10 @@ func (d *decoder) uvarint() uint64 {
 	return v
 }
 
+// varint undoes binary.AppendVarint's zig-zag encoding.
 func (d *decoder) varint() int64 {
-	v, n := binary.Varint(d.buf)
-	if n <= 0 {
-		d.err = errCorrupt
-		d.buf = nil
-		return 0
-	}
-	d.buf = d.buf[n:]
-	return v
+	u := d.uvarint()
+	return int64(u>>1) ^ -int64(u&1)
 }
 
 // next decodes the next event into e; false at the end or on corruption
