@@ -1,42 +1,182 @@
 package replay
 
-import "vramscope/gpu"
+import (
+	"fmt"
 
-// EstimateCapacity guesses a device's capacity from a recording that lacks
+	"vramscope/gpu"
+)
+
+// CapacitySource says where a stream's device capacity came from.
+type CapacitySource string
+
+const (
+	CapacityUnknown  CapacitySource = ""
+	CapacityRecorded CapacitySource = "recorded" // the trace kept its device's capacity
+	CapacityOOM      CapacitySource = "oom"      // reserved + device free at the first oom entry
+	CapacityRetries  CapacitySource = "retries"  // the bounds the free-and-retry paths imply
+	// the most the reservations for expandable segments leave room for
+	CapacityReservations CapacitySource = "reservations"
+	CapacityGiven        CapacitySource = "given"   // asked for (--capacity)
+	CapacityDefault      CapacitySource = "default" // nothing said: a default
+)
+
+// Capacity is the device memory a stream replays on, and why.
+type Capacity struct {
+	Bytes  uint64         `json:"bytes"`
+	Source CapacitySource `json:"source"`
+	// OOMSeq is the oom event the capacity was read from (CapacityOOM).
+	OOMSeq int64 `json:"oom_seq,omitempty"`
+	// Retries counts the free-and-retry paths, and Low and High are the
+	// bounds they and the recording's peak reservation imply (CapacityRetries).
+	Retries int    `json:"retries,omitempty"`
+	Low     uint64 `json:"low,omitempty"`
+	High    uint64 `json:"high,omitempty"`
+	// Implied is what the recording implies when a given or default
+	// capacity replaced it (0 when it implies nothing).
+	Implied uint64 `json:"implied,omitempty"`
+	// PeakReserved is the most the recording reserved: a device with less
+	// cannot replay it as it ran.
+	PeakReserved uint64 `json:"peak_reserved,omitempty"`
+}
+
+// String says the capacity and its source: "capacity 20.97 GiB, inferred
+// from 39 retries".
+func (c Capacity) String() string {
+	s := "capacity " + gpu.FormatBytes(c.Bytes)
+	switch c.Source {
+	case CapacityRecorded:
+		return s + ", recorded with the trace"
+	case CapacityOOM:
+		return s + fmt.Sprintf(", inferred from the OOM at event %d", c.OOMSeq)
+	case CapacityRetries:
+		return s + fmt.Sprintf(", inferred from %d %s (between %s and %s)", c.Retries, plural(c.Retries, "retry", "retries"),
+			gpu.FormatBytes(c.Low), gpu.FormatBytes(c.High))
+	case CapacityReservations:
+		return s + ", the most the address space reserved for expandable segments leaves room for"
+	case CapacityGiven:
+		s += ", as given"
+	case CapacityDefault:
+		s += ", a default: the recording does not say"
+	default:
+		return "capacity unknown"
+	}
+	if c.Implied > 0 {
+		return s + " (the recording implies " + gpu.FormatBytes(c.Implied) + ")"
+	}
+	if c.PeakReserved > c.Bytes {
+		return s + " (less than the " + gpu.FormatBytes(c.PeakReserved) + " the recording reserved)"
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// Use settles the capacity of s: given (a --capacity flag) when it is not
+// 0, else what the recording says or implies, else fallback.
+func (s *Stream) Use(given, fallback uint64) {
+	c := &s.Capacity
+	switch {
+	case given > 0:
+		*c = Capacity{Bytes: given, Source: CapacityGiven, Implied: c.Bytes, PeakReserved: c.PeakReserved}
+	case c.Bytes == 0:
+		*c = Capacity{Bytes: fallback, Source: CapacityDefault, PeakReserved: c.PeakReserved}
+	}
+}
+
+// EstimateCapacity reads a device's capacity from a recording that lacks
 // it (PyTorch snapshots do): at the first OOM, what the allocator held plus
 // what the driver had free. ok is false without an OOM.
 func EstimateCapacity(initial *gpu.Layout, events []gpu.Event) (capacity uint64, ok bool) {
+	c := inferRuns(initial, events, false).capacity
+	return c.Bytes, c.Source == CapacityOOM
+}
+
+// evidence is what a recording's segment events say of its device and of
+// the calls behind them.
+type evidence struct {
+	// emptyCache marks the event indexes where segments were released
+	// outside any malloc: an empty_cache() call.
+	emptyCache map[int]bool
+	// capacity from the first oom entry, else from the retries; Bytes 0
+	// when neither says.
+	capacity Capacity
+}
+
+// inferRuns reads the runs of segment_free and segment_unmap events. The
+// allocator releases cached segments in two places: in malloc, when the
+// driver refused a new segment (a free-and-retry path: the run is followed
+// by the segment_alloc or segment_map that then succeeded, or by the oom
+// when it failed), and in empty_cache() (followed by anything else). A
+// retry says the device was short before the release: capacity < reserved
+// before it + the segment then allocated. Every segment allocated says
+// capacity >= reserved after it. A "retry" whose bound falls below the
+// recording's peak reservation was an empty_cache() call followed by a
+// malloc that needed a new segment anyway. With garbage collection (gc),
+// malloc also releases segments before asking the driver, so runs followed
+// by a segment allocation say nothing.
+func inferRuns(initial *gpu.Layout, events []gpu.Event, gc bool) evidence {
+	ev := evidence{emptyCache: map[int]bool{}}
 	var tot gpu.Totals
 	if initial != nil {
 		tot.Reserved = initial.Figures().Reserved
 	}
-	for i := range events {
-		if events[i].Action == gpu.ActionOOM {
-			return tot.Reserved + events[i].DeviceFree, true
+	peak := tot.Reserved
+	type retry struct {
+		at   int
+		high uint64
+	}
+	var retries []retry
+	released := func(a gpu.Action) bool { return a == gpu.ActionSegmentFree || a == gpu.ActionSegmentUnmap }
+	for i := 0; i < len(events); i++ {
+		e := &events[i]
+		switch {
+		case e.Action == gpu.ActionOOM && ev.capacity.Source == CapacityUnknown:
+			ev.capacity = Capacity{Bytes: tot.Reserved + e.DeviceFree, Source: CapacityOOM, OOMSeq: e.Seq}
+		case released(e.Action) && (i == 0 || !released(events[i-1].Action)):
+			before, j := tot.Reserved, i
+			for j < len(events) && released(events[j].Action) {
+				j++
+			}
+			var need uint64
+			for k := j; k < len(events) && (events[k].Action == gpu.ActionSegmentAlloc || events[k].Action == gpu.ActionSegmentMap); k++ {
+				need += events[k].Size
+				if events[k].Action == gpu.ActionSegmentAlloc {
+					break // one cudaMalloc per malloc
+				}
+			}
+			switch {
+			case j < len(events) && events[j].Action == gpu.ActionOOM:
+			case need > 0 && gc:
+			case need > 0:
+				retries = append(retries, retry{i, before + need - 1})
+			default:
+				ev.emptyCache[i] = true
+			}
 		}
-		tot.Apply(&events[i], false)
+		tot.Apply(e, false)
+		peak = max(peak, tot.Reserved)
 	}
-	return 0, false
-}
-
-// Stream is a request stream with what its recording says of where it ran.
-type Stream struct {
-	Requests []Request
-	// Settings are the allocator settings it was recorded under
-	// (PYTORCH_CUDA_ALLOC_CONF syntax; empty: the defaults).
-	Settings string
-	// Capacity is the device's memory, 0 when unknown; CapacityEstimated
-	// says it was inferred (EstimateCapacity) rather than recorded.
-	Capacity          uint64
-	CapacityEstimated bool
-}
-
-// FromRecording turns a recorded event stream into requests, with the
-// recording's capacity or, when it has none, an estimate from its OOM.
-func FromRecording(rec gpu.Recording) Stream {
-	s := Stream{Requests: FromEvents(rec.Initial, rec.Events), Settings: rec.Settings, Capacity: rec.Capacity}
-	if s.Capacity == 0 {
-		s.Capacity, s.CapacityEstimated = EstimateCapacity(rec.Initial, rec.Events)
+	c := Capacity{Source: CapacityRetries, Low: peak, High: ^uint64(0), PeakReserved: peak}
+	for _, r := range retries {
+		if r.high < peak {
+			ev.emptyCache[r.at] = true
+			continue
+		}
+		c.Retries++
+		c.High = min(c.High, r.high)
 	}
-	return s
+	if ev.capacity.Source == CapacityOOM {
+		ev.capacity.PeakReserved = peak
+	} else if c.Retries > 0 {
+		c.Bytes = c.High
+		ev.capacity = c
+	} else {
+		ev.capacity = Capacity{PeakReserved: peak}
+	}
+	return ev
 }
