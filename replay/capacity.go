@@ -20,6 +20,10 @@ const (
 	CapacityDefault      CapacitySource = "default" // nothing said: a default
 )
 
+// DefaultCapacity is the device a replay runs on when nothing says: an
+// 80 GiB card such as the A100 or H100.
+const DefaultCapacity = 80 << 30
+
 // Capacity is the device memory a stream replays on, and why.
 type Capacity struct {
 	Bytes  uint64         `json:"bytes"`
@@ -39,26 +43,34 @@ type Capacity struct {
 	PeakReserved uint64 `json:"peak_reserved,omitempty"`
 }
 
-// String says the capacity and its source: "capacity 20.97 GiB, inferred
-// from 39 retries".
+// String says the capacity and where it came from: "capacity 20.97 GiB,
+// inferred from 39 retries (between 20.97 GiB and 21.01 GiB)".
 func (c Capacity) String() string {
-	s := "capacity " + gpu.FormatBytes(c.Bytes)
+	if c.Source == CapacityUnknown {
+		return "capacity unknown"
+	}
+	return "capacity " + gpu.FormatBytes(c.Bytes) + ", " + c.From()
+}
+
+// From says where the capacity came from.
+func (c Capacity) From() string {
+	var s string
 	switch c.Source {
 	case CapacityRecorded:
-		return s + ", recorded with the trace"
+		return "recorded with the trace"
 	case CapacityOOM:
-		return s + fmt.Sprintf(", inferred from the OOM at event %d", c.OOMSeq)
+		return fmt.Sprintf("inferred from the OOM at event %d", c.OOMSeq)
 	case CapacityRetries:
-		return s + fmt.Sprintf(", inferred from %d %s (between %s and %s)", c.Retries, plural(c.Retries, "retry", "retries"),
+		return fmt.Sprintf("inferred from %d %s (between %s and %s)", c.Retries, plural(c.Retries, "retry", "retries"),
 			gpu.FormatBytes(c.Low), gpu.FormatBytes(c.High))
 	case CapacityReservations:
-		return s + ", the most the address space reserved for expandable segments leaves room for"
+		return "the most the address space reserved for expandable segments leaves room for"
 	case CapacityGiven:
-		s += ", as given"
+		s = "as given"
 	case CapacityDefault:
-		s += ", a default: the recording does not say"
+		s = "a default: the recording does not say"
 	default:
-		return "capacity unknown"
+		return "unknown"
 	}
 	if c.Implied > 0 {
 		return s + " (the recording implies " + gpu.FormatBytes(c.Implied) + ")"

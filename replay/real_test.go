@@ -45,7 +45,7 @@ func replayed(t testing.TB, s Stream) ([]gpu.Event, *caching.Allocator) {
 	}
 	a.Flush()
 	start := len(events)
-	if _, err := p.run(s.Requests); err != nil {
+	if _, err := p.Run(s.Requests); err != nil {
 		t.Fatal(err)
 	}
 	return events[start:], a

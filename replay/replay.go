@@ -61,7 +61,7 @@ type Result struct {
 func Replay(a *caching.Allocator, reqs []Request, setTime func(int64)) (Result, error) {
 	r := NewReplayer(a)
 	r.SetTime = setTime
-	return r.run(reqs)
+	return r.Run(reqs)
 }
 
 // Replayer replays requests one at a time, so callers can look at the
@@ -81,7 +81,8 @@ func NewReplayer(a *caching.Allocator) *Replayer {
 // Allocator is the allocator the replayer drives.
 func (p *Replayer) Allocator() *caching.Allocator { return p.a }
 
-func (p *Replayer) run(reqs []Request) (Result, error) {
+// Run runs reqs, a whole stream, one after the other.
+func (p *Replayer) Run(reqs []Request) (Result, error) {
 	for i := range reqs {
 		if err := p.Step(i, reqs[i]); err != nil {
 			return p.Result(), err
@@ -130,6 +131,9 @@ func (p *Replayer) Step(i int, r Request) error {
 	}
 	return nil
 }
+
+// OOMs are the requests refused so far.
+func (p *Replayer) OOMs() []OOM { return p.res.OOMs }
 
 // Result flushes the allocator's events and returns what the replay found.
 func (p *Replayer) Result() Result {

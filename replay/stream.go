@@ -275,6 +275,6 @@ func (s *Stream) Run(cfg caching.Config, capacity uint64, opts ...caching.Option
 	if err != nil {
 		return a, p.Result(), err
 	}
-	res, err := p.run(s.Requests)
+	res, err := p.Run(s.Requests)
 	return a, res, err
 }
