@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"vramscope/gpu"
@@ -28,7 +29,8 @@ func realDir(t testing.TB) string {
 
 // replayed runs s under its recorded settings with the recorded addresses
 // and returns the events after the starting layout, and the allocator.
-func replayed(t testing.TB, s Stream) ([]gpu.Event, *caching.Allocator) {
+// The layout Start rebuilds must be start (its pending frees allocated).
+func replayed(t testing.TB, s Stream, start *gpu.Layout) ([]gpu.Event, *caching.Allocator) {
 	t.Helper()
 	cfg, err := s.Config("")
 	if err != nil {
@@ -43,12 +45,15 @@ func replayed(t testing.TB, s Stream) ([]gpu.Event, *caching.Allocator) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := sameLayout(a.Layout(), pendingAllocated(start)); err != nil {
+		t.Fatalf("the starting layout: %v", err)
+	}
 	a.Flush()
-	start := len(events)
+	from := len(events)
 	if _, err := p.Run(s.Requests); err != nil {
 		t.Fatal(err)
 	}
-	return events[start:], a
+	return events[from:], a
 }
 
 // sameEvents compares a replay's events with the recorded ones: action,
@@ -76,6 +81,20 @@ func sameEvents(got, want []gpu.Event) error {
 	return nil
 }
 
+// pendingAllocated is l with its pending-free blocks allocated, as
+// restore leaves them.
+func pendingAllocated(l *gpu.Layout) *gpu.Layout {
+	l = l.Clone()
+	for i := range l.Segments {
+		for j := range l.Segments[i].Blocks {
+			if b := &l.Segments[i].Blocks[j]; b.State == gpu.BlockPendingFree {
+				b.State = gpu.BlockAllocated
+			}
+		}
+	}
+	return l
+}
+
 // sameLayout compares segments: address, size, and the blocks' sizes and
 // states in order.
 func sameLayout(got, want *gpu.Layout) error {
@@ -85,7 +104,7 @@ func sameLayout(got, want *gpu.Layout) error {
 	for i := range want.Segments {
 		g, w := &got.Segments[i], &want.Segments[i]
 		if g.Addr != w.Addr || g.Size != w.Size || g.Expandable != w.Expandable || len(g.Blocks) != len(w.Blocks) {
-			return fmt.Errorf("segment %d: %#x of %d bytes in %d blocks, want %#x of %d in %d", i, g.Addr, g.Size, len(g.Blocks), w.Addr, w.Size, len(w.Blocks))
+			return fmt.Errorf("segment %d: %#x of %d bytes in %d blocks, want %#x of %d in %d\n%s\nwant\n%s", i, g.Addr, g.Size, len(g.Blocks), w.Addr, w.Size, len(w.Blocks), blocksText(g), blocksText(w))
 		}
 		for j := range w.Blocks {
 			gb, wb := g.Blocks[j], w.Blocks[j]
@@ -129,7 +148,7 @@ func TestRealSnapshotsReplayExactly(t *testing.T) {
 			t.Run(fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), func(t *testing.T) {
 				s := FromRecording(tr.Recording())
 				s.Use(0, 80<<30)
-				events, a := replayed(t, s)
+				events, a := replayed(t, s, tr.Initial)
 				// A trace without allocations (one free_completed of a block
 				// pending at the start, or a snapshot marker) is checked at
 				// its end only.
@@ -179,15 +198,7 @@ func TestRealStartingLayouts(t *testing.T) {
 				if _, err := s.Start(a); err != nil {
 					t.Fatal(err)
 				}
-				want := tr.Initial.Clone()
-				for i := range want.Segments {
-					for j := range want.Segments[i].Blocks {
-						if b := &want.Segments[i].Blocks[j]; b.State == gpu.BlockPendingFree {
-							b.State = gpu.BlockAllocated // see restore
-						}
-					}
-				}
-				if err := sameLayout(a.Layout(), want); err != nil {
+				if err := sameLayout(a.Layout(), pendingAllocated(tr.Initial)); err != nil {
 					t.Error(err)
 				}
 				f := tr.Initial.Figures()
@@ -205,4 +216,12 @@ func expandable(l *gpu.Layout) int {
 		}
 	}
 	return n
+}
+
+func blocksText(s *gpu.Segment) string {
+	var b strings.Builder
+	for _, bl := range s.Blocks {
+		fmt.Fprintf(&b, "%#x+%d %v; ", bl.Addr, bl.Size, bl.State)
+	}
+	return b.String()
 }

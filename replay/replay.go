@@ -217,7 +217,7 @@ func liveBlocks(l *gpu.Layout, fn func(id int64, seg, block int)) {
 // knows them by those ids. Its pending-free blocks are freed where their
 // free_completed comes.
 func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
-	return fromEvents(initial, events, inferRuns(initial, events, false).emptyCache)
+	return fromEvents(initial, events, inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).emptyCache)
 }
 
 func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool) []Request {

@@ -108,11 +108,7 @@ func (s *Stream) liveFloor(rules gpu.Rules) uint64 {
 	var sizes liveSet
 	var live, peak uint64
 	liveBlocks(s.Initial, func(id int64, seg, block int) {
-		b := &s.Initial.Segments[seg].Blocks[block]
-		n := rules.RoundSize(b.Requested)
-		if b.Requested == 0 { // as restore asks for it
-			n = rules.RoundSize(b.Size)
-		}
+		n := rules.RoundSize(request(&s.Initial.Segments[seg].Blocks[block]))
 		sizes.put(id, n)
 		live += n
 	})

@@ -2,6 +2,7 @@ package replay
 
 import (
 	"fmt"
+	"math"
 	"strings"
 
 	"vramscope/gpu"
@@ -38,21 +39,34 @@ type regionKey struct {
 // from its first OOM, else bounded by its free-and-retry paths (see
 // inferRuns); Capacity.Bytes is 0 when nothing says.
 func FromRecording(rec gpu.Recording) Stream {
+	s := Stream{Initial: rec.Initial, Settings: rec.Settings, addr: recordedAddresses(rec.Initial, rec.Events)}
+	ctx := runContext{rules: gpu.DefaultRules(), capacity: rec.Capacity, limit: rec.Capacity, addr: &s.addr}
 	cfg, err := caching.ParseConfig(rec.Settings)
-	gc := err == nil && cfg.GarbageCollectionThreshold > 0
-	ev := inferRuns(rec.Initial, rec.Events, gc)
-	s := Stream{
-		Initial:  rec.Initial,
-		Requests: fromEvents(rec.Initial, rec.Events, ev.emptyCache),
-		Settings: rec.Settings,
-		Capacity: ev.capacity,
+	if err == nil {
+		ctx.rules = cfg.Rules
+		if cfg.MemoryFraction > 0 {
+			ctx.limit = uint64(cfg.MemoryFraction * float64(rec.Capacity))
+		}
 	}
+	if err == nil && cfg.GarbageCollectionThreshold > 0 {
+		// GC runs only under a memory fraction, which PyTorch's
+		// settings do not record (it is set by a call).
+		ctx.gc = cfg.MemoryFraction > 0 || rec.Capacity == 0
+		ctx.gcAbove = uint64(cfg.GarbageCollectionThreshold * cfg.MemoryFraction * float64(rec.Capacity))
+	}
+	ev := inferRuns(rec.Initial, rec.Events, ctx)
+	s.Requests = fromEvents(rec.Initial, rec.Events, ev.emptyCache)
+	s.Capacity = ev.capacity
 	if rec.Capacity > 0 {
 		s.Capacity = Capacity{Bytes: rec.Capacity, Source: CapacityRecorded, PeakReserved: ev.capacity.PeakReserved}
 	}
-	s.addr = recordedAddresses(rec.Initial, rec.Events)
-	if s.Capacity.Bytes == 0 && s.addr.maxTotal > 0 {
-		s.Capacity = Capacity{Bytes: s.addr.maxTotal, Source: CapacityReservations, PeakReserved: s.Capacity.PeakReserved}
+	// Of the capacities the retries allow, the one closest to what keeps
+	// the reservations apart (see sim.Recorded).
+	switch most := s.addr.maxTotal; {
+	case s.Capacity.Source == CapacityRetries && most > 0:
+		s.Capacity.Bytes = max(s.Capacity.Low, min(s.Capacity.High, most))
+	case s.Capacity.Bytes == 0 && most > 0:
+		s.Capacity = Capacity{Bytes: most, Source: CapacityReservations, PeakReserved: s.Capacity.PeakReserved}
 	}
 	return s
 }
@@ -61,12 +75,33 @@ func FromRecording(rec gpu.Recording) Stream {
 // replay asks for them (see sim.Recorded).
 type addresses struct {
 	mallocs, reserves []sim.Span
-	// bases are where the expandable segments of the starting layout began.
-	bases map[regionKey]uint64
-	// maxTotal bounds the device's memory: two reservations for
-	// expandable segments that were held at once did not overlap, and
-	// PyTorch reserves 9/8 of the device's memory for each (0: no bound).
+	// held are the reservations with the events during which they were
+	// held: [born, ended), born -1 for those of the starting layout.
+	held []heldRegion
+	// maxTotal is the most device memory that keeps apart the
+	// reservations for expandable segments held at once, each 9/8 of it
+	// as PyTorch makes them (0: no bound). A reservation of the starting
+	// layout may have begun below its lowest segment, so the device may
+	// have had more; a replay on no more keeps the recorded addresses.
 	maxTotal uint64
+}
+
+// heldRegion is a reservation for an expandable segment and when it was
+// held.
+type heldRegion struct {
+	key         regionKey
+	base        uint64
+	born, ended int
+}
+
+// base returns where the reservation of k held at event i began.
+func (ad *addresses) base(k regionKey, i int) (uint64, bool) {
+	for _, h := range ad.held {
+		if h.key == k && h.born <= i && i < h.ended {
+			return h.base, true
+		}
+	}
+	return 0, false
 }
 
 // recordedAddresses lists the driver's addresses in the order a replay
@@ -78,6 +113,7 @@ type addresses struct {
 func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 	var ad addresses
 	type region struct {
+		key         regionKey
 		at          int // index in ad.reserves
 		page        uint64
 		mapped      uint64
@@ -85,13 +121,12 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 	}
 	var regions []*region
 	live := map[regionKey]*region{}
-	ad.bases = map[regionKey]uint64{}
 	open := func(k regionKey, addr uint64, born int) *region {
-		r := &region{at: len(ad.reserves), page: gpu.LargeBuffer, born: born, ended: len(events)}
+		r := &region{key: k, at: len(ad.reserves), page: gpu.LargeBuffer, born: born, ended: len(events)}
 		if k.pool == gpu.PoolSmall {
 			r.page = gpu.SmallBuffer
 		}
-		ad.reserves = append(ad.reserves, sim.Span{Addr: addr})
+		ad.reserves = append(ad.reserves, sim.Span{Addr: addr, Page: r.page})
 		live[k] = r
 		regions = append(regions, r)
 		return r
@@ -103,7 +138,6 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 		sp.Size = end - sp.Addr
 		r.mapped += size
 	}
-	initialRegions := map[regionKey]*region{}
 	if initial != nil {
 		for i := range initial.Segments {
 			s := &initial.Segments[i]
@@ -115,7 +149,6 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 			r := live[k]
 			if r == nil {
 				r = open(k, s.Addr, -1)
-				initialRegions[k] = r
 			}
 			grow(r, s.Addr, s.Size)
 		}
@@ -152,17 +185,21 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 			}
 		}
 	}
-	for k, r := range initialRegions {
-		ad.bases[k] = ad.reserves[r.at].Addr
-	}
+	// Reservations held at the same time did not overlap: each ended
+	// below the next one up, and PyTorch reserves 9/8 of the device's
+	// memory for each.
 	for _, r := range regions {
-		base := ad.reserves[r.at].Addr
+		sp := &ad.reserves[r.at]
+		ad.held = append(ad.held, heldRegion{r.key, sp.Addr, r.born, r.ended})
 		for _, o := range regions {
 			ob := ad.reserves[o.at].Addr
-			if ob <= base || o.born > r.ended || r.born > o.ended {
+			if ob <= sp.Addr || o.born > r.ended || r.born > o.ended {
 				continue
 			}
-			room := (ob - base) / r.page * r.page
+			if sp.Below == 0 || ob < sp.Below {
+				sp.Below = ob
+			}
+			room := (ob - sp.Addr) / r.page * r.page
 			total := room / 9 * 8
 			for total+total/8 > room {
 				total--
@@ -255,13 +292,26 @@ func splitConf(conf string) []string {
 
 // Start returns a replayer for s on a, a fresh allocator, with the
 // starting layout rebuilt (see restore). The device should be s.Device:
-// then the rebuilt segments sit at their recorded addresses.
+// then the rebuilt segments sit at their recorded addresses. Rebuilding
+// maps the unmapped pages between expandable segments for a while, so a
+// simulated device lends the memory that takes; a layout that does not fit
+// the device is an error wrapping gpu.ErrOutOfMemory.
 func (s *Stream) Start(a *caching.Allocator) (*Replayer, error) {
 	p := NewReplayer(a)
-	if err := p.restore(s.Initial, s.addr.bases); err != nil {
-		return p, err
+	if s.Initial == nil || len(s.Initial.Segments) == 0 {
+		return p, nil
 	}
-	return p, nil
+	dev, lend := a.Device().(*sim.Device)
+	if lend {
+		capacity := dev.Capacity()
+		dev.SetCapacity(math.MaxUint64)
+		defer dev.SetCapacity(capacity)
+		if reserved := s.Initial.Figures().Reserved; reserved > capacity {
+			return p, fmt.Errorf("the starting layout (%s reserved) does not fit on a %s device: %w",
+				gpu.FormatBytes(reserved), gpu.FormatBytes(capacity), gpu.ErrOutOfMemory)
+		}
+	}
+	return p, p.restore(s.Initial)
 }
 
 // Run replays s under cfg on s.Device(capacity) and returns the allocator

@@ -60,7 +60,7 @@ type Device struct {
 	// A recording's addresses (see Recorded): queued by size for Malloc,
 	// in order for Reserve; above is where other calls are placed.
 	recMallocs  map[uint64][]uint64
-	recReserves []uint64
+	recReserves []Span
 	recorded    bool
 	above       uint64
 
@@ -107,16 +107,21 @@ func FailMap(calls ...int) Option {
 // gpu.ErrOutOfMemory, whatever the free memory.
 func FailAbove(size uint64) Option { return func(d *Device) { d.failAbove = size } }
 
-// Span is an address range a recording's driver handed out.
-type Span struct{ Addr, Size uint64 }
+// Span is an address range a recording's driver handed out. For a
+// reservation, Page is the step by which it may start lower and Below,
+// when not 0, where it must end (see Recorded).
+type Span struct{ Addr, Size, Page, Below uint64 }
 
 // Recorded makes the device hand out a recording's addresses. The n-th
 // Malloc of a size gets the address of the n-th span of that size in
-// mallocs, and the n-th Reserve the address of reserves[n] (their sizes
-// say how far the recording used the reservation), each when that range
-// is still free. Every other call, and a recorded address that is taken
-// (a run under other settings), gets the lowest 2 MiB-aligned address at
-// least a page above every recorded range and a page away from every
+// mallocs, when that range is still free. The n-th Reserve gets
+// reserves[n].Addr, whose Size says how far the recording used the
+// reservation; when the range it asks for would pass Below (the next
+// reservation the recording held at the same time: this device's
+// reservations can be larger than the recording's) or is taken, it starts
+// lower by whole Pages, as high as fits while it still covers the
+// recorded range. Every other call gets the lowest 2 MiB-aligned address
+// at least a page above every recorded range and a page away from every
 // range handed out, first fit: deterministic, and never where the
 // recording put something.
 func Recorded(mallocs, reserves []Span) Option {
@@ -128,8 +133,8 @@ func Recorded(mallocs, reserves []Span) Option {
 			d.recMallocs[s.Size] = append(d.recMallocs[s.Size], s.Addr)
 			top = max(top, s.Addr+roundUp(s.Size))
 		}
+		d.recReserves = append([]Span(nil), reserves...)
 		for _, s := range reserves {
-			d.recReserves = append(d.recReserves, s.Addr)
 			top = max(top, s.Addr+roundUp(s.Size))
 		}
 		d.above = roundUp(top) + Granularity
@@ -157,7 +162,19 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Ordinal() int { return d.ordinal }
 
 // Capacity is the device's total memory.
-func (d *Device) Capacity() uint64 { return d.capacity }
+func (d *Device) Capacity() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.capacity
+}
+
+// SetCapacity changes the device's memory from now on; what is handed
+// out stays.
+func (d *Device) SetCapacity(capacity uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.capacity = capacity
+}
 
 // MemInfo reports capacity minus the bytes malloc'd and mapped.
 func (d *Device) MemInfo() (free, total uint64, err error) {
@@ -184,7 +201,7 @@ func roundUp(n uint64) uint64 { return (n + Granularity - 1) &^ (Granularity - 1
 
 // oom reports whether a request of size bytes must fail, and counts it.
 func (d *Device) oom(size uint64, injected bool) bool {
-	if injected || (d.failAbove > 0 && size > d.failAbove) || size > d.capacity-d.used {
+	if injected || (d.failAbove > 0 && size > d.failAbove) || d.used > d.capacity || size > d.capacity-d.used {
 		d.counts.OOMs++
 		return true
 	}
@@ -249,6 +266,25 @@ func (d *Device) recordedPlace(want, placed uint64) uint64 {
 		at = d.nextEnd(at-Granularity, placed+2*Granularity) + Granularity
 	}
 	return at
+}
+
+// recordedReserve places a Reserve of size bytes of a device with a
+// recording's addresses (see Recorded).
+func (d *Device) recordedReserve(size uint64) uint64 {
+	if len(d.recReserves) == 0 {
+		return d.recordedPlace(0, size)
+	}
+	r := d.recReserves[0]
+	d.recReserves = d.recReserves[1:]
+	for at := r.Addr; at+size >= r.Addr+r.Size; at -= r.Page {
+		if (r.Below == 0 || at+size <= r.Below) && d.vacant(at, size) {
+			return at
+		}
+		if r.Page == 0 || at < r.Page {
+			break
+		}
+	}
+	return d.recordedPlace(0, size)
 }
 
 // nextEnd is the end, rounded up to a page, of the lowest handed-out
@@ -324,11 +360,7 @@ func (d *Device) Reserve(size uint64) (uint64, error) {
 	}
 	var addr uint64
 	if d.recorded {
-		var want uint64
-		if len(d.recReserves) > 0 {
-			want, d.recReserves = d.recReserves[0], d.recReserves[1:]
-		}
-		addr = d.recordedPlace(want, size)
+		addr = d.recordedReserve(size)
 	} else {
 		// The first reservation starts at ReserveBase; each one keeps a page of
 		// gap before the next (hence size+Granularity to fit).
