@@ -1,6 +1,7 @@
 package incident
 
 import (
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -106,7 +107,7 @@ func WhatIfs(s replay.Stream, variants []string, workers int) ([]OOMAt, []WhatIf
 	if recorded == nil {
 		// An RMM log: the original OOMs are those of its replay, which
 		// the other rows measure at.
-		rows[0], results[0] = replayOne(s, orig, nil, true)
+		rows[0], results[0], _ = replayOne(s, orig, nil, true)
 		original = append([]OOMAt{}, rows[0].OOMs...)
 		first = 1
 	}
@@ -117,13 +118,18 @@ func WhatIfs(s replay.Stream, variants []string, workers int) ([]OOMAt, []WhatIf
 		go func() {
 			defer wg.Done()
 			for i := range jobs {
+				var err error
 				if i >= first {
-					rows[i], results[i] = replayOne(s, cfgs[i], original, false)
+					rows[i], results[i], err = replayOne(s, cfgs[i], original, false)
 				}
-				if rows[i].Err != "" {
+				at := s.Capacity.Bytes
+				switch {
+				case errors.Is(err, gpu.ErrOutOfMemory):
+					at = 0 // the starting layout does not fit: search from nothing
+				case err != nil:
 					continue
 				}
-				need, err := s.CapacityNeeded(cfgs[i], results[i], s.Capacity.Bytes)
+				need, err := s.CapacityNeeded(cfgs[i], results[i], at)
 				if err != nil {
 					rows[i].Err = err.Error()
 				}
@@ -173,23 +179,24 @@ func compare(original, ooms []OOMAt, complete bool) (avoided, fresh []int) {
 }
 
 // replayOne replays s under cfg and measures the fragmentation right
-// after the requests of the original OOMs, or after its own (own).
-func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) (WhatIf, replay.Result) {
+// after the requests of the original OOMs, or after its own (own). The
+// error, also in the row, is what stopped the replay.
+func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) (WhatIf, replay.Result, error) {
 	w := WhatIf{OOMs: []OOMAt{}, FragmentationAtOOM: []float64{}}
 	a, err := caching.New(s.Device(s.Capacity.Bytes), cfg)
 	if err != nil {
 		w.Err = err.Error()
-		return w, replay.Result{}
+		return w, replay.Result{}, err
 	}
 	p, err := s.Start(a)
 	if err != nil {
 		w.Err = err.Error()
-		return w, p.Result()
+		return w, p.Result(), err
 	}
 	next := 0
 	for i, r := range s.Requests {
 		before := len(p.OOMs())
-		if err := p.Step(i, r); err != nil {
+		if err = p.Step(i, r); err != nil {
 			w.Err = err.Error()
 			break
 		}
@@ -203,7 +210,7 @@ func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) 
 		w.OOMs = append(w.OOMs, OOMAt{o.Index, o.Size})
 	}
 	w.PeakReserved = res.PeakReserved
-	return w, res
+	return w, res, err
 }
 
 // ForOOM is the table read for original OOM k (from 0): what each setting

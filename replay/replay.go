@@ -51,8 +51,10 @@ type Result struct {
 	// UnmatchedFrees counts frees of allocations the stream never made (a
 	// log that starts mid-run) or that failed with OOM.
 	UnmatchedFrees int
-	PeakReserved   uint64
-	PeakAllocated  uint64
+	// PeakReserved and PeakAllocated are the most the allocator held from
+	// the first request on (rebuilding the starting layout not counted).
+	PeakReserved  uint64
+	PeakAllocated uint64
 }
 
 // Replay runs reqs through a. An allocation that fails with OOM is recorded
@@ -75,7 +77,17 @@ type Replayer struct {
 
 // NewReplayer returns a replayer driving a.
 func NewReplayer(a *caching.Allocator) *Replayer {
-	return &Replayer{a: a}
+	p := &Replayer{a: a}
+	p.measure()
+	return p
+}
+
+// measure takes the allocator's figures into the peaks. Within a call
+// reserved memory only grows, after it shrinks (a release before a
+// retry), so measuring between calls finds the peaks.
+func (p *Replayer) measure() {
+	p.res.PeakReserved = max(p.res.PeakReserved, p.a.Reserved())
+	p.res.PeakAllocated = max(p.res.PeakAllocated, p.a.Allocated())
 }
 
 // Allocator is the allocator the replayer drives.
@@ -96,6 +108,7 @@ func (p *Replayer) Step(i int, r Request) error {
 	if p.SetTime != nil {
 		p.SetTime(r.TimeUS)
 	}
+	defer p.measure()
 	a := p.a
 	switch r.Op {
 	case OpMalloc:
@@ -138,9 +151,6 @@ func (p *Replayer) OOMs() []OOM { return p.res.OOMs }
 // Result flushes the allocator's events and returns what the replay found.
 func (p *Replayer) Result() Result {
 	p.a.Flush()
-	st := p.a.Stats()
-	p.res.PeakReserved = uint64(st.ReservedBytes[0].Peak)
-	p.res.PeakAllocated = uint64(st.AllocatedBytes[0].Peak)
 	return p.res
 }
 

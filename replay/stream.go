@@ -302,16 +302,21 @@ func (s *Stream) Start(a *caching.Allocator) (*Replayer, error) {
 		return p, nil
 	}
 	dev, lend := a.Device().(*sim.Device)
-	if lend {
-		capacity := dev.Capacity()
-		dev.SetCapacity(math.MaxUint64)
-		defer dev.SetCapacity(capacity)
-		if reserved := s.Initial.Figures().Reserved; reserved > capacity {
-			return p, fmt.Errorf("the starting layout (%s reserved) does not fit on a %s device: %w",
-				gpu.FormatBytes(reserved), gpu.FormatBytes(capacity), gpu.ErrOutOfMemory)
-		}
+	if !lend {
+		return p, p.restore(s.Initial)
 	}
-	return p, p.restore(s.Initial)
+	capacity := dev.Capacity()
+	dev.SetCapacity(math.MaxUint64)
+	err := p.restore(s.Initial)
+	dev.SetCapacity(capacity)
+	if err == nil && a.Reserved() > capacity {
+		// Under other settings the same calls can take more.
+		err = fmt.Errorf("the starting layout (%s reserved under these settings) does not fit on a %s device: %w",
+			gpu.FormatBytes(a.Reserved()), gpu.FormatBytes(capacity), gpu.ErrOutOfMemory)
+	}
+	p.res = Result{}
+	p.measure()
+	return p, err
 }
 
 // Run replays s under cfg on s.Device(capacity) and returns the allocator

@@ -64,6 +64,7 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	fmt.Fprintln(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SETTINGS\tOOMS\tSERVED\tNEW OOMS\tPEAK RESERVED\tFRAGMENTATION AT OOM\tMEMORY NEEDED")
+	var failed []string
 	for i, r := range rows {
 		conf := r.AllocConf
 		if conf == "" {
@@ -91,13 +92,17 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 			need = "> " + gpu.FormatBytes(replay.MaxCapacityNeeded)
 		}
 		if r.Err != "" {
-			need = "failed: " + r.Err
+			need += " (*)"
+			failed = append(failed, fmt.Sprintf("(*) %s: %s", conf, r.Err))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", conf, len(r.OOMs), served, fresh, gpu.FormatBytes(r.PeakReserved),
 			strings.Join(frag, " "), need)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
+	}
+	for _, f := range failed {
+		fmt.Fprintln(stdout, f)
 	}
 	for k := range table.OOMs {
 		f, _ := table.ForOOM(k)
