@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"vramscope/gpu"
@@ -25,6 +26,45 @@ func realDir(t testing.TB) string {
 	}
 	t.Skip("the real snapshots (shared/testdata/pytorch) are not here")
 	return ""
+}
+
+// realTrace is one device trace of a real snapshot.
+type realTrace struct {
+	name string // file/deviceN
+	*pytorch.Trace
+}
+
+var (
+	realOnce   sync.Once
+	realCache  []realTrace
+	realFailed error
+)
+
+// realTraces decodes every real snapshot once, and returns its device
+// traces.
+func realTraces(t *testing.T) []realTrace {
+	t.Helper()
+	dir := realDir(t)
+	realOnce.Do(func() {
+		files, _ := filepath.Glob(filepath.Join(dir, "*"))
+		for _, f := range files {
+			if filepath.Ext(f) == ".md" {
+				continue
+			}
+			all, err := pytorch.DecodeFile(f)
+			if err != nil {
+				realFailed = fmt.Errorf("%s: %w", f, err)
+				return
+			}
+			for _, tr := range all {
+				realCache = append(realCache, realTrace{fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), tr})
+			}
+		}
+	})
+	if realFailed != nil {
+		t.Fatal(realFailed)
+	}
+	return realCache
 }
 
 // replayed runs s under its recorded settings with the recorded addresses
@@ -121,46 +161,35 @@ func sameLayout(got, want *gpu.Layout) error {
 // PyTorch's own events one by one and to the segments it dumped, under the
 // recorded settings and the capacity inferred from the recording.
 func TestRealSnapshotsReplayExactly(t *testing.T) {
-	dir := realDir(t)
-	files, _ := filepath.Glob(filepath.Join(dir, "*"))
 	traces := 0
-	for _, f := range files {
-		if filepath.Ext(f) == ".md" {
+	for _, tr := range realTraces(t) {
+		allocs := 0
+		for _, e := range tr.Events {
+			if e.Action == gpu.ActionAlloc {
+				allocs++
+			}
+		}
+		if len(tr.Events) == 0 {
 			continue
 		}
-		all, err := pytorch.DecodeFile(f)
-		if err != nil {
-			t.Fatalf("%s: %v", f, err)
+		if allocs > 0 {
+			traces++
 		}
-		for _, tr := range all {
-			allocs := 0
-			for _, e := range tr.Events {
-				if e.Action == gpu.ActionAlloc {
-					allocs++
-				}
+		t.Run(tr.name, func(t *testing.T) {
+			s := FromRecording(tr.Recording())
+			s.Use(0, DefaultCapacity)
+			events, a := replayed(t, s, tr.Initial)
+			// A trace without allocations (one free_completed of a block
+			// pending at the start, or a snapshot marker) is checked at
+			// its end only.
+			if err := sameEvents(events, tr.Events); err != nil && allocs > 0 {
+				t.Errorf("%s: %v", s.Capacity, err)
 			}
-			if len(tr.Events) == 0 {
-				continue
+			if err := sameLayout(a.Layout(), tr.Final); err != nil {
+				t.Errorf("at the end: %v", err)
 			}
-			if allocs > 0 {
-				traces++
-			}
-			t.Run(fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), func(t *testing.T) {
-				s := FromRecording(tr.Recording())
-				s.Use(0, 80<<30)
-				events, a := replayed(t, s, tr.Initial)
-				// A trace without allocations (one free_completed of a block
-				// pending at the start, or a snapshot marker) is checked at
-				// its end only.
-				if err := sameEvents(events, tr.Events); err != nil && allocs > 0 {
-					t.Errorf("%s: %v", s.Capacity, err)
-				}
-				if err := sameLayout(a.Layout(), tr.Final); err != nil {
-					t.Errorf("at the end: %v", err)
-				}
-				t.Logf("%d events, %d requests, %s", len(tr.Events), len(s.Requests), s.Capacity)
-			})
-		}
+			t.Logf("%d events, %d requests, %s", len(tr.Events), len(s.Requests), s.Capacity)
+		})
 	}
 	if traces < 11 {
 		t.Errorf("%d device traces with allocations, want the 11 of the shared snapshots", traces)
@@ -170,41 +199,30 @@ func TestRealSnapshotsReplayExactly(t *testing.T) {
 // TestRealStartingLayouts: every real device state, free blocks and
 // expandable segments included, is rebuilt exactly by Start.
 func TestRealStartingLayouts(t *testing.T) {
-	dir := realDir(t)
-	files, _ := filepath.Glob(filepath.Join(dir, "*"))
-	for _, f := range files {
-		if filepath.Ext(f) == ".md" {
+	for _, tr := range realTraces(t) {
+		if len(tr.Initial.Segments) == 0 {
 			continue
 		}
-		all, err := pytorch.DecodeFile(f)
-		if err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
-		for _, tr := range all {
-			if len(tr.Initial.Segments) == 0 {
-				continue
+		t.Run(tr.name, func(t *testing.T) {
+			s := FromRecording(tr.Recording())
+			s.Use(0, DefaultCapacity)
+			cfg, err := s.Config("")
+			if err != nil {
+				t.Fatal(err)
 			}
-			t.Run(fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), func(t *testing.T) {
-				s := FromRecording(tr.Recording())
-				s.Use(0, 80<<30)
-				cfg, err := s.Config("")
-				if err != nil {
-					t.Fatal(err)
-				}
-				a, err := caching.New(s.Device(s.Capacity.Bytes), cfg)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if _, err := s.Start(a); err != nil {
-					t.Fatal(err)
-				}
-				if err := sameLayout(a.Layout(), pendingAllocated(tr.Initial)); err != nil {
-					t.Error(err)
-				}
-				f := tr.Initial.Figures()
-				t.Logf("%d segments (%d expandable), %d blocks", f.Segments, expandable(tr.Initial), f.Blocks)
-			})
-		}
+			a, err := caching.New(s.Device(s.Capacity.Bytes), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.Start(a); err != nil {
+				t.Fatal(err)
+			}
+			if err := sameLayout(a.Layout(), pendingAllocated(tr.Initial)); err != nil {
+				t.Error(err)
+			}
+			f := tr.Initial.Figures()
+			t.Logf("%d segments (%d expandable), %d blocks", f.Segments, expandable(tr.Initial), f.Blocks)
+		})
 	}
 }
 

@@ -2,7 +2,7 @@ package replay
 
 import (
 	"errors"
-	"path/filepath"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -12,19 +12,16 @@ import (
 	"vramscope/pytorch"
 )
 
-// decodeReal decodes a real snapshot's device trace.
+// decodeReal returns a real snapshot's device trace.
 func decodeReal(t *testing.T, file string, device int) *pytorch.Trace {
 	t.Helper()
-	all, err := pytorch.DecodeFile(filepath.Join(realDir(t), file))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, tr := range all {
-		if tr.Device == device {
-			return tr
+	name := fmt.Sprintf("%s/device%d", file, device)
+	for _, tr := range realTraces(t) {
+		if tr.name == name {
+			return tr.Trace
 		}
 	}
-	t.Fatalf("%s has no device %d", file, device)
+	t.Fatalf("no %s", name)
 	return nil
 }
 
