@@ -34,6 +34,9 @@ func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64
 	// so they succeed the same on any device at least that large. With
 	// one, the limit moves with the capacity: the peak is tried first.
 	var hi uint64
+	if len(known.OOMs) > 0 && knownAt > 0 {
+		lo = max(lo, knownAt/CapacityStep+1) // knownAt was too small
+	}
 	if len(known.OOMs) > 0 || knownAt == 0 {
 		for c := max(2*knownAt, 2*lo*CapacityStep, CapacityStep); ; c *= 2 {
 			c = min(c, MaxCapacityNeeded)
