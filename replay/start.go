@@ -12,16 +12,19 @@ import (
 // own rules place everything:
 //
 //  1. Each segment in address order is made and then filled, block by
-//     block, with filler allocations. A plain segment is made by the
-//     first block's filler when that asks for a segment of its size, else
-//     by one malloc its size, freed at once; the blocks of an expandable
-//     one map its pages, and the unmapped pages before it in its
-//     reservation (which a first small malloc, freed at once, finds) are
-//     filled too. While a segment fills, every earlier one is full, so
-//     best fit can only take the front of the new one.
+//     block, with filler allocations. A plain segment is made by its live
+//     first block's own request, or by the first block's filler, when that
+//     asks for a segment of its size, else by one malloc its size, freed
+//     at once; the blocks of an expandable one map its pages, and the
+//     unmapped pages before it in its reservation (which a first small
+//     malloc, freed at once, finds) are filled too. While a segment
+//     fills, every earlier one is full, so best fit can only take the
+//     front of the new one.
 //  2. Last to first, each live block's fillers are freed and its own
 //     request takes the hole they leave, the only free space of its pool
-//     and stream that can hold it, and gets its id (see liveBlocks).
+//     and stream that can hold it, and gets its id (see liveBlocks). A
+//     free block it leaves over is held by a request that takes it whole
+//     till the others are placed.
 //  3. The fillers of the unmapped gaps are freed and empty_cache() unmaps
 //     them: no other free block holds a whole page then.
 //  4. The fillers of free blocks are freed; they merge as the layout's
@@ -68,7 +71,7 @@ func (p *Replayer) restore(l *gpu.Layout) error {
 		bi := 0
 		if s.Expandable {
 			k := regionKey{s.Stream, s.Pool}
-			at, ok := filled[k]
+			from, ok := filled[k]
 			if !ok {
 				probe := uint64(gpu.MinBlockSize)
 				if !small {
@@ -81,9 +84,9 @@ func (p *Replayer) restore(l *gpu.Layout) error {
 				if err := a.Free(ptr); err != nil {
 					return err
 				}
-				at = min(ptr, s.Addr)
+				from = min(ptr, s.Addr)
 			}
-			if gap := s.Addr - at; gap > 0 {
+			if gap := s.Addr - from; gap > 0 {
 				if untiled(0) {
 					gap += s.Blocks[0].Size
 					bi++
@@ -120,8 +123,8 @@ func (p *Replayer) restore(l *gpu.Layout) error {
 		}
 		fillers[si] = make([][]uint64, len(s.Blocks))
 		for ; bi < len(s.Blocks); bi++ {
-			size := s.Blocks[bi].Size
-			if untiled(bi + 1) {
+			size, next := s.Blocks[bi].Size, untiled(bi+1)
+			if next {
 				size += s.Blocks[bi+1].Size
 				leftover[at{si, bi}] = s.Blocks[bi+1].Size
 			}
@@ -130,7 +133,7 @@ func (p *Replayer) restore(l *gpu.Layout) error {
 				return restoreErr(l, s, err)
 			}
 			fillers[si][bi] = ptrs
-			if untiled(bi + 1) {
+			if next {
 				bi++
 			}
 		}
