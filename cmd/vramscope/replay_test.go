@@ -177,6 +177,24 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	if code, _, errs := runCmd("trace", "--workload", "frag", "--device", "1", "--db", db); code != 2 || !strings.Contains(errs, "--device must be sim or cuda") {
 		t.Errorf("--device 1 without a replay: exit %d %s", code, errs)
 	}
+	// --device N picks a snapshot's device: device 1 of the multi-GPU file
+	// ran out of memory, and so does its replay, at the same event.
+	one := snapshotTrace(t, "expandable_oom_multigpu.pickle", 1)
+	code, out, errs = runCmd("trace", "--workload", "replay", "--device", "1", filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle"), "--db", db, "--quiet")
+	if code != 0 || !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 4.95 GiB") {
+		t.Fatalf("--device 1: exit %d %s\n%s", code, errs, out)
+	}
+	traces, _ = s.Traces()
+	var replayed gpu.Trace
+	for _, x := range traces {
+		if x.ID != tr.ID {
+			replayed = x
+		}
+	}
+	incidents, err := s.Incidents(replayed.ID)
+	if err != nil || len(incidents) != 1 || incidents[0].Seq != 421 || replayed.Settings != "expandable_segments:True" || replayed.Events != int64(len(one.Events)) || incidents[0].DeviceFree != 95682560 {
+		t.Errorf("replayed device 1: %+v, incidents %+v %v (snapshot: %d events, OOM at 421)", replayed, incidents, err, len(one.Events))
+	}
 }
 
 // A snapshot imported into the store replays from the store as it does
