@@ -9,7 +9,9 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
+	"vramscope/replay"
 	"vramscope/store"
 )
 
@@ -223,5 +225,47 @@ func TestReplayImportedSnapshot(t *testing.T) {
 	segs := got.layout()
 	if segmentShape(segs) != segmentShape(want.Final.Segments) || got.Capacity.Source != "retries" {
 		t.Errorf("the stored trace replays to %d segments (capacity from %q), want %d", len(segs), got.Capacity.Source, len(want.Final.Segments))
+	}
+}
+
+// The issue's example: scenario D, then a real shortage (50 MiB asked
+// with 18 MiB live on the 60 MiB device). Expandable segments serve the
+// first OOM, not the second.
+func TestWhatIfPerOOMFromALog(t *testing.T) {
+	reqs := append(testkit.ScenarioD(), replay.Request{Op: replay.OpMalloc, ID: 11, Size: 50 * testkit.MiB})
+	path := filepath.Join(t.TempDir(), "d50.csv")
+	if err := os.WriteFile(path, []byte(testkit.RMMLog(reqs)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCmd("whatif", path, "--capacity", "60MiB", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	var rows []struct {
+		AllocConf string `json:"alloc_conf"`
+		OOMs      []struct {
+			Index int `json:"index"`
+		} `json:"ooms"`
+		Avoided        []int  `json:"avoided"`
+		NewOOMs        []int  `json:"new_ooms"`
+		CapacityNeeded uint64 `json:"capacity_needed"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows[0].OOMs) != 2 || rows[1].AllocConf != "expandable_segments:True" ||
+		fmt.Sprint(rows[1].Avoided, rows[1].NewOOMs, len(rows[1].OOMs)) != "[15] [] 1" ||
+		rows[0].CapacityNeeded != 120*testkit.MiB || rows[1].CapacityNeeded != 100*testkit.MiB {
+		t.Errorf("rows %+v", rows)
+	}
+	_, text, _ := runCmd("whatif", path, "--capacity", "60MiB")
+	for _, want := range []string{
+		"OOM at request 15: expandable_segments:True would have served this request.",
+		"OOM at request 16: None of the settings tried would have served this request.",
+		"Needs 120.00 MiB with the recorded settings, 100.00 MiB with expandable_segments:True (the device has 60.00 MiB).",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
 	}
 }
