@@ -80,14 +80,14 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 			// would map (the release may unmap free pages it then maps
 			// again, or leave a free block it then takes whole).
 			req := nextMalloc(events[j:])
+			base := uint64(0)
+			if ctx.addr != nil && req != nil {
+				base, _ = ctx.addr.base(regionKey{req.Stream, gpu.PoolFor(ctx.rules.RoundSize(req.Size))}, i)
+			}
 			var need uint64
 			switch {
 			case req == nil:
-			case ctx.rules.Expandable && l != nil:
-				base := uint64(0)
-				if ctx.addr != nil {
-					base, _ = ctx.addr.base(regionKey{req.Stream, gpu.PoolFor(l.Rules.RoundSize(req.Size))}, i)
-				}
+			case ctx.rules.Expandable && l != nil && (i == 0 || events[i-1].Action != gpu.ActionSegmentMap):
 				need = firstMap(l, req, base)
 			default:
 				for k := j; k < len(events) && (events[k].Action == gpu.ActionSegmentAlloc || events[k].Action == gpu.ActionSegmentMap); k++ {
@@ -103,10 +103,15 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 			for _, r := range events[i:j] {
 				gc = gc && r.Action == gpu.ActionSegmentFree && gpu.GuessPool(r) == gpu.PoolLarge
 			}
+			asRetry, asEmpty := true, true
+			if l != nil && req != nil {
+				asRetry, asEmpty = after(l, events[i:j], events[j:], req, base)
+			}
 			switch {
 			case j < len(events) && events[j].Action == gpu.ActionOOM:
-			case need == 0 || l != nil && (cached(l, req) || !oversizeFirst(l, req, e.Addr)):
+			case need == 0 || !asRetry || l != nil && (cached(l, req) || !ctx.oversizeFits(l, req, events[i:j], before, need)):
 				ev.emptyCache[i] = true
+			case !asEmpty: // the malloc's own release
 			case ctx.limit > 0 && before+need > ctx.limit: // refused
 			case gc:
 			case ctx.limit > 0:
@@ -142,6 +147,58 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 	return ev
 }
 
+// oversizeFits reports whether a run of releases can be malloc's under
+// max_split_size: release_available_cached_blocks frees the request's
+// stream's oversize segments first, where empty_cache() goes by stream
+// and size from the smallest; and when they add up to the request and
+// make room on a device of known size, malloc retries at once instead of
+// releasing more.
+func (ctx runContext) oversizeFits(l *gpu.Layout, req *gpu.Event, run []gpu.Event, before, need uint64) bool {
+	segs, released, retries := oversizeRelease(l, req)
+	if len(segs) == 0 {
+		return true
+	}
+	if len(run) < len(segs) {
+		return false
+	}
+	for k, s := range segs {
+		if run[k].Addr != s.Addr {
+			return false
+		}
+	}
+	if retries && ctx.limit > 0 && before-released+need <= ctx.limit {
+		return len(run) == len(segs)
+	}
+	return true
+}
+
+// after reports whether what follows a run of releases fits a malloc's
+// own free-and-retry path (retry) and an empty_cache() call then the
+// malloc (empty), on the layout l before the run. After its release a
+// retry asks the driver at once: a new segment, or with expandable
+// segments the pages find_expandable_block maps (none when a free block
+// it finds is large enough). After empty_cache() the malloc first looks
+// for a cached block, and asks the driver only when none serves it.
+func after(l *gpu.Layout, run, next []gpu.Event, req *gpu.Event, base uint64) (retry, empty bool) {
+	rel := l.Clone()
+	for _, e := range run {
+		if rel.Apply(e) != nil {
+			return true, true
+		}
+	}
+	asks := next[0].Action == gpu.ActionSegmentAlloc || next[0].Action == gpu.ActionSegmentMap
+	driver := true // what the malloc asks of the driver when it goes there
+	if rel.Rules.Expandable {
+		driver = firstMap(rel, req, base) > 0
+	}
+	retry = driver == asks
+	empty = !asks
+	if !cached(rel, req) {
+		empty = driver == asks
+	}
+	return retry, empty
+}
+
 // nextMalloc is the alloc that ends the malloc next begins with (after
 // the segments it mapped or allocated), nil when next begins otherwise.
 func nextMalloc(next []gpu.Event) *gpu.Event {
@@ -167,12 +224,15 @@ func region(l *gpu.Layout, stream int64, pool gpu.Pool) []*gpu.Segment {
 	return segs
 }
 
-// firstMap is the memory the expandable segment of req's stream and pool,
+// firstMap is what the expandable segment of req's stream and pool,
 // whose reservation began at base (0: at its first mapped range), would
-// map for it in l: find_expandable_block's first unmapped range (with the
-// free block before it) whose run of free and unmapped memory reaches the
-// request, mapped page by page as far as needed; 0 when the free block
-// alone holds it.
+// map first for it in l: find_expandable_block takes the first unmapped
+// range (with the free block before it) whose run of free and unmapped
+// memory reaches the request, and maps it range by range, each as far as
+// needed in whole pages; the first of those maps is the one a driver
+// short of memory refuses before any other (the others would leave their
+// segment_map events before the release). 0 when the free block alone
+// holds the request.
 func firstMap(l *gpu.Layout, req *gpu.Event, base uint64) uint64 {
 	size := l.Rules.RoundSize(req.Size)
 	pool := gpu.PoolFor(size)
@@ -180,15 +240,15 @@ func firstMap(l *gpu.Layout, req *gpu.Event, base uint64) uint64 {
 	if pool == gpu.PoolSmall {
 		page = gpu.SmallBuffer
 	}
+	pages := func(n uint64) uint64 { return (n + page - 1) / page * page }
 	segs := region(l, req.Stream, pool)
 	if len(segs) == 0 {
-		return (size + page - 1) / page * page
+		return pages(size)
 	}
-	pages := func(n uint64) uint64 { return (n + page - 1) / page * page }
 	// Each unmapped range in address order: before the first mapped one
 	// (from base), then after each.
 	for i := -1; i < len(segs); i++ {
-		var have, mapped uint64
+		var have uint64
 		if i < 0 {
 			if base == 0 || base >= segs[0].Addr {
 				continue
@@ -199,25 +259,34 @@ func firstMap(l *gpu.Layout, req *gpu.Event, base uint64) uint64 {
 				return 0
 			}
 		}
+		first := uint64(0)
 		for k := i; ; k++ {
 			end := base
 			if k >= 0 {
 				end = segs[k].End()
 			}
 			// After the last segment: the rest of the reservation.
-			if k+1 == len(segs) || have+segs[k+1].Addr-end >= size {
-				return mapped + pages(size-have)
+			last := k+1 == len(segs)
+			var gap uint64
+			if !last {
+				gap = segs[k+1].Addr - end
 			}
-			gap := segs[k+1].Addr - end
+			if first == 0 {
+				first = pages(size - have)
+				if !last {
+					first = min(first, gap)
+				}
+			}
+			if last || have+gap >= size {
+				return first
+			}
 			have += gap
-			mapped += gap
 			n := segs[k+1]
 			if n.Blocks[0].State != gpu.BlockFree {
 				break
 			}
-			have += n.Blocks[0].Size
-			if have >= size {
-				return mapped
+			if have += n.Blocks[0].Size; have >= size {
+				return first
 			}
 			if len(n.Blocks) > 1 {
 				break
@@ -285,37 +354,48 @@ func cached(l *gpu.Layout, req *gpu.Event) bool {
 	return !(size < maxSplit && best.size >= maxSplit) && !(size >= maxSplit && best.size >= size+rules.MaxNonSplitRounding)
 }
 
-// oversizeFirst reports whether a run of releases that begins at addr can
-// be malloc's: with max_split_size set, release_available_cached_blocks
-// frees the request's stream's oversize segments first (the smallest that
-// is large enough, else the largest ones down), where empty_cache() goes
-// by stream and size from the smallest.
-func oversizeFirst(l *gpu.Layout, req *gpu.Event, addr uint64) bool {
+// oversizeRelease is what release_available_cached_blocks frees for req
+// in l under max_split_size: the smallest whole free oversize segment of
+// its stream large enough for it, else the oversize ones from the largest
+// down until they add up to it; nil without max_split_size. released is
+// their bytes; retries says malloc then asks the driver again (they were
+// enough).
+func oversizeRelease(l *gpu.Layout, req *gpu.Event) (segs []*gpu.Segment, released uint64, retries bool) {
 	rules := l.Rules
 	maxSplit := rules.MaxSplitSize
 	if req == nil || maxSplit == 0 || maxSplit == gpu.Unlimited {
-		return true
+		return nil, 0, false
 	}
 	size := rules.RoundSize(req.Size)
 	key := max(size, maxSplit)
-	var fit, largest *gpu.Segment
+	var fit *gpu.Segment
+	var below []*gpu.Segment
 	for i := range l.Segments {
 		s := &l.Segments[i]
-		if s.Expandable || s.Stream != req.Stream || s.Pool != gpu.PoolFor(size) || len(s.Blocks) != 1 || s.Blocks[0].State != gpu.BlockFree {
+		if s.Expandable || s.Stream != req.Stream || s.Pool != gpu.PoolFor(size) || len(s.Blocks) != 1 || s.Blocks[0].State != gpu.BlockFree || s.Size < maxSplit {
 			continue
 		}
-		if s.Size >= key && (fit == nil || s.Size < fit.Size) {
-			fit = s
-		}
-		if s.Size >= maxSplit && s.Size < key && (largest == nil || s.Size > largest.Size || s.Size == largest.Size && s.Addr > largest.Addr) {
-			largest = s
+		if s.Size >= key {
+			if fit == nil || s.Size < fit.Size {
+				fit = s
+			}
+		} else {
+			below = append(below, s)
 		}
 	}
-	switch {
-	case fit != nil:
-		return fit.Addr == addr
-	case largest != nil:
-		return largest.Addr == addr
+	if fit != nil {
+		return []*gpu.Segment{fit}, fit.Size, true
 	}
-	return true
+	// Largest first; of equal sizes the highest address first.
+	sort.Slice(below, func(i, j int) bool {
+		return below[i].Size > below[j].Size || below[i].Size == below[j].Size && below[i].Addr > below[j].Addr
+	})
+	for _, s := range below {
+		if released >= key {
+			break
+		}
+		segs = append(segs, s)
+		released += s.Size
+	}
+	return segs, released, released >= key
 }
