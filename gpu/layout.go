@@ -165,7 +165,10 @@ func (l *Layout) removeSegment(i int) {
 	l.Segments = append(l.Segments[:i], l.Segments[i+1:]...)
 }
 
-func guessPool(e Event) Pool {
+// GuessPool is the pool of a segment event: its own when it says, else
+// the one its size suggests (PyTorch's traces do not say: small-pool
+// segments and pages are 2 MiB, or a few of them).
+func GuessPool(e Event) Pool {
 	if e.Pool != PoolUnknown {
 		return e.Pool
 	}
@@ -176,7 +179,7 @@ func guessPool(e Event) Pool {
 }
 
 func freeSegment(e Event, expandable bool) Segment {
-	return Segment{Addr: e.Addr, Size: e.Size, Stream: e.Stream, Pool: guessPool(e), Expandable: expandable,
+	return Segment{Addr: e.Addr, Size: e.Size, Stream: e.Stream, Pool: GuessPool(e), Expandable: expandable,
 		Blocks: []Block{{Addr: e.Addr, Size: e.Size, Seq: -1}}}
 }
 

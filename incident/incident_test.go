@@ -2,6 +2,7 @@ package incident
 
 import (
 	"encoding/json"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -29,6 +30,13 @@ func record(t *testing.T, reqs []replay.Request, capacity uint64, conf string) [
 		t.Fatal(err)
 	}
 	return events
+}
+
+// onDevice is reqs on a device of capacity bytes.
+func onDevice(reqs []replay.Request, capacity uint64) replay.Stream {
+	s := replay.Stream{Requests: reqs}
+	s.Use(capacity, 0)
+	return s
 }
 
 // atFirstOOM returns the layout right after the first oom event, and it.
@@ -68,14 +76,14 @@ func TestScenarioDIsFragmentation(t *testing.T) {
 		t.Errorf("pools %+v", r.Pools)
 	}
 
-	ws, err := WhatIfs(replay.FromEvents(nil, events), 60*MiB, "", Variants)
+	_, ws, err := WhatIfs(onDevice(replay.FromEvents(nil, events), 60*MiB), Variants, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ws[0].AllocConf != "" || ws[0].OOMs != 1 || ws[0].FragmentationAtOOM != 1-8.0/42 {
+	if ws[0].AllocConf != "" || len(ws[0].OOMs) != 1 || ws[0].FragmentationAtOOM[0] != 1-8.0/42 {
 		t.Errorf("original %+v", ws[0])
 	}
-	if ws[1].AllocConf != "expandable_segments:True" || !ws[1].Avoided || ws[1].OOMs != 0 {
+	if ws[1].AllocConf != "expandable_segments:True" || !ws[1].Serves(15) || len(ws[1].OOMs) != 0 {
 		t.Errorf("expandable segments should avoid the OOM: %+v", ws[1])
 	}
 }
@@ -92,12 +100,12 @@ func TestShortageIsNotFragmentation(t *testing.T) {
 	if r.Kind != "shortage" || r.Verdict != "A real shortage: only 2.00 MiB not allocated, 10.00 MiB needed." {
 		t.Errorf("%s: %q", r.Kind, r.Verdict)
 	}
-	ws, err := WhatIfs(replay.FromEvents(nil, events), 60*MiB, "", Variants)
+	_, ws, err := WhatIfs(onDevice(replay.FromEvents(nil, events), 60*MiB), Variants, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, w := range ws {
-		if w.Avoided || w.OOMs != 1 {
+		if len(w.Avoided) > 0 || len(w.OOMs) != 1 {
 			t.Errorf("nothing avoids a real shortage: %+v", w)
 		}
 	}
@@ -137,11 +145,15 @@ func TestRealOOMSnapshots(t *testing.T) {
 			t.Errorf("%s: %s yet the largest hole fits", c.file, r.Verdict)
 		}
 		t.Logf("%s: %s (%d pinned segments)", c.file, r.Verdict, len(r.Pinned))
-		ws, err := WhatIfs(replay.FromEvents(tr.Initial, tr.Events), capacity, tr.Settings.Conf, Variants[:2])
+		s := replay.FromRecording(tr.Recording())
+		if s.Capacity.Bytes != capacity {
+			t.Errorf("%s: %s, want the OOM's estimate %d", c.file, s.Capacity, capacity)
+		}
+		_, ws, err := WhatIfs(s, Variants[:2], 2)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if ws[0].OOMs == 0 {
+		if len(ws[0].OOMs) == 0 {
 			t.Errorf("%s: the original settings replayed without the OOM: %+v", c.file, ws[0])
 		}
 		for _, w := range ws {
@@ -165,5 +177,49 @@ func TestReportJSONKeepsBothRequests(t *testing.T) {
 	json.Unmarshal(b, &m)
 	if m["request_bytes"] != float64(10*MiB) || m["requested_bytes"] != float64(18*MiB) {
 		t.Fatalf("request_bytes %v, requested_bytes %v in %s", m["request_bytes"], m["requested_bytes"], b)
+	}
+}
+
+// Scenario D, then a real shortage (50 MiB asked with 18 MiB live on the
+// 60 MiB device): expandable segments serve the first OOM, not the second.
+func TestWhatIfPerOOM(t *testing.T) {
+	reqs := append(testkit.ScenarioD(), replay.Request{Op: replay.OpMalloc, ID: 11, Size: 50 * MiB})
+	ooms, ws, err := WhatIfs(onDevice(reqs, testkit.ScenarioDCapacity), Variants, 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(ooms) != "[{15 10485760} {16 52428800}]" {
+		t.Fatalf("original OOMs %v", ooms)
+	}
+	orig, exp := ws[0], ws[1]
+	if len(orig.OOMs) != 2 || len(orig.Avoided) != 0 || len(orig.NewOOMs) != 0 || len(orig.FragmentationAtOOM) != 2 {
+		t.Errorf("original %+v", orig)
+	}
+	if exp.Variant != "expandable_segments:True" || fmt.Sprint(exp.Avoided) != "[15]" || len(exp.NewOOMs) != 0 ||
+		fmt.Sprint(exp.OOMs) != "[{16 52428800}]" {
+		t.Errorf("expandable segments: %+v", exp)
+	}
+	// Nine 6 MiB tensors take three 20 MiB segments; then 10 and 50 MiB
+	// segments of their own. Expandable: the nine fill three 20 MiB pages,
+	// whose holes no page is wholly inside; the 10 MiB go in a hole, and
+	// the 50 MiB grow the 12 MiB free at the end by two pages.
+	if orig.CapacityNeeded != 120*MiB || exp.CapacityNeeded != 100*MiB {
+		t.Errorf("needed %d, %d with expandable segments", orig.CapacityNeeded>>20, exp.CapacityNeeded>>20)
+	}
+	table := Table{Capacity: testkit.ScenarioDCapacity, OOMs: ooms, Rows: ws}
+	first, _ := table.ForOOM(0)
+	second, _ := table.ForOOM(1)
+	if first.Index != 15 || len(first.ServedBy) == 0 || first.ServedBy[0] != "expandable_segments:True" ||
+		first.Sentences[0] != "expandable_segments:True would have served this request." {
+		t.Errorf("first OOM: %+v", first)
+	}
+	if len(second.ServedBy) != 0 || second.Sentences[0] != "None of the settings tried would have served this request." {
+		t.Errorf("second OOM: %+v", second)
+	}
+	if want := "Needs 120.00 MiB with the recorded settings, 100.00 MiB with expandable_segments:True (the device has 60.00 MiB)."; table.Needed() != want {
+		t.Errorf("needed %q\nwant   %q", table.Needed(), want)
+	}
+	if _, ok := table.ForOOM(2); ok {
+		t.Error("a third OOM")
 	}
 }

@@ -6,10 +6,10 @@ import (
 	"vramscope/replay"
 )
 
-// Jobs computes what-if tables of stored incidents in the background and
-// keeps the recent ones: each replays a whole trace several times, which
-// can take a while on big traces, so a caller can wait a little and answer
-// "still running" instead.
+// Jobs computes what-if tables of stored traces in the background and
+// keeps the recent ones: each replays a whole trace many times, which can
+// take a while on big traces, so a caller can wait a little and answer
+// "still running" instead. One table answers every incident of a trace.
 type Jobs struct {
 	db    Store
 	slots chan struct{} // one token per replay allowed to run at once
@@ -21,7 +21,6 @@ type Jobs struct {
 
 type jobKey struct {
 	id      string
-	n       int
 	lastSeq int64 // a live trace that grew gets a new replay
 }
 
@@ -38,11 +37,11 @@ func NewJobs(db Store, keep int, slots chan struct{}) *Jobs {
 	return &Jobs{db: db, slots: slots, keep: keep, jobs: map[jobKey]*Job{}}
 }
 
-// WhatIf returns the job answering incident n of trace id as it stands
-// with lastSeq its last event, starting it when there is none. A failed
-// job is forgotten, so asking again tries again.
-func (c *Jobs) WhatIf(id string, n int, lastSeq int64) *Job {
-	k := jobKey{id, n, lastSeq}
+// WhatIf returns the job answering trace id as it stands with lastSeq its
+// last event, starting it when there is none. A failed job is forgotten,
+// so asking again tries again.
+func (c *Jobs) WhatIf(id string, lastSeq int64) *Job {
+	k := jobKey{id, lastSeq}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if j, ok := c.jobs[k]; ok {
@@ -61,7 +60,9 @@ func (c *Jobs) WhatIf(id string, n int, lastSeq int64) *Job {
 		defer close(j.Done)
 		rec, err := c.db.Recording(id)
 		if err == nil {
-			j.Table, err = Answer(replay.FromRecording(rec), n)
+			s := replay.FromRecording(rec)
+			s.Use(0, replay.DefaultCapacity)
+			j.Table, err = Answer(s)
 		}
 		if j.Err = err; err != nil {
 			c.mu.Lock()

@@ -1,23 +1,47 @@
 package incident
 
 import (
+	"errors"
 	"fmt"
+	"runtime"
+	"slices"
+	"sync"
 
+	"vramscope/gpu"
 	"vramscope/gpu/caching"
-	"vramscope/gpu/sim"
 	"vramscope/replay"
 )
 
-// WhatIf is one replay of the request stream under other settings.
-type WhatIf struct {
-	AllocConf          string  `json:"alloc_conf"`
-	OOMs               int     `json:"ooms"`
-	PeakReserved       uint64  `json:"peak_reserved"`
-	FragmentationAtOOM float64 `json:"fragmentation_at_oom"`
-	// Avoided: the original run had an OOM and this one has none.
-	Avoided bool   `json:"avoided"`
-	Err     string `json:"error,omitempty"`
+// OOMAt is a request that failed: its place in the stream and its size.
+type OOMAt struct {
+	Index int    `json:"index"`
+	Size  uint64 `json:"size"`
 }
+
+// WhatIf is the stream replayed under one setting.
+type WhatIf struct {
+	AllocConf string `json:"alloc_conf"`
+	// Variant is what was set on top of the recorded settings ("" for
+	// the original row).
+	Variant string  `json:"-"`
+	OOMs    []OOMAt `json:"ooms"`
+	// Avoided are the indexes of the original OOMs this replay served;
+	// NewOOMs those of its OOMs the original did not have.
+	Avoided []int `json:"avoided"`
+	NewOOMs []int `json:"new_ooms"`
+	// CapacityNeeded is the smallest device (2 MiB steps) on which the
+	// whole stream runs without an OOM under this setting; 0 when none up
+	// to replay.MaxCapacityNeeded does.
+	CapacityNeeded uint64 `json:"capacity_needed"`
+	PeakReserved   uint64 `json:"peak_reserved"`
+	// FragmentationAtOOM is measured right after each original OOM's
+	// request (the layout an incident page shows), in their order.
+	FragmentationAtOOM []float64 `json:"fragmentation_at_oom"`
+	Err                string    `json:"error"`
+}
+
+// Serves reports whether this replay served the original OOM at index.
+func (w WhatIf) Serves(index int) bool { return slices.Contains(w.Avoided, index) }
 
 // Variants are the settings tried besides the original, each applied on top
 // of it: the usual cures for fragmentation.
@@ -30,134 +54,226 @@ var Variants = []string{
 	"roundup_power2_divisions:4",
 }
 
-// withVariant applies the keys of variant on top of the original settings.
-func withVariant(original caching.Config, variant string) (caching.Config, error) {
-	v, err := caching.ParseConfig(variant)
-	if err != nil {
-		return caching.Config{}, err
-	}
-	c := original
-	def := caching.DefaultConfig()
-	if v.Expandable {
-		c.Expandable = true
-	}
-	if v.MaxSplitSize != def.MaxSplitSize {
-		c.MaxSplitSize = v.MaxSplitSize
-	}
-	if v.GarbageCollectionThreshold > 0 {
-		c.GarbageCollectionThreshold = v.GarbageCollectionThreshold
-	}
-	if v.MemoryFraction > 0 {
-		c.MemoryFraction = v.MemoryFraction
-	}
-	if v.RoundupDivisions != def.RoundupDivisions {
-		c.RoundupDivisions = v.RoundupDivisions
-	}
-	return c, nil
-}
-
 // Table is the what-if answer for a request stream.
 type Table struct {
-	Capacity          uint64   `json:"capacity_bytes"`
-	CapacityEstimated bool     `json:"capacity_estimated,omitempty"`
-	Requests          int      `json:"requests"`
-	Rows              []WhatIf `json:"rows"`
+	Capacity uint64 `json:"capacity_bytes"`
+	// CapacityFrom says where the capacity came from ("inferred from 39 retries").
+	CapacityFrom string `json:"capacity_from"`
+	Requests     int    `json:"requests"`
+	// OOMs are the original OOMs: the recorded ones, else (an RMM log)
+	// those of the replay under the original settings.
+	OOMs []OOMAt  `json:"original_ooms"`
+	Rows []WhatIf `json:"rows"`
 }
 
-// Answer replays s under its own settings and each of Variants on a
-// simulated device of s.Capacity bytes. Fragmentation is measured at the
-// request of original OOM number incident (from 1), or at the first OOM
-// when incident is 0.
-func Answer(s replay.Stream, incident int) (Table, error) {
-	reqs := s.Requests
-	if incident > 0 {
-		reqs = append([]replay.Request(nil), reqs...)
-		k := 0
-		for i := range reqs {
-			if reqs[i].OOM {
-				k++
-				reqs[i].OOM = k == incident
-			}
-		}
-	}
-	rows, err := WhatIfs(reqs, s.Capacity, s.Settings, Variants)
+// Answer replays s under its own settings and under each of Variants on a
+// simulated device of s.Capacity, and searches the memory each needs, the
+// replays spread over the cores.
+func Answer(s replay.Stream) (Table, error) {
+	ooms, rows, err := WhatIfs(s, Variants, runtime.GOMAXPROCS(0))
 	if err != nil {
 		return Table{}, err
 	}
-	return Table{Capacity: s.Capacity, CapacityEstimated: s.CapacityEstimated, Requests: len(reqs), Rows: rows}, nil
+	return Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), Requests: len(s.Requests), OOMs: ooms, Rows: rows}, nil
 }
 
-// WhatIfs replays reqs on a simulated device of capacity bytes under the
-// original settings and under each variant. The original comes first.
-// Fragmentation is measured just before the request that first failed in
-// the original replay (or, when none did, at the end).
-func WhatIfs(reqs []replay.Request, capacity uint64, original string, variants []string) ([]WhatIf, error) {
-	orig, err := caching.ParseConfig(original)
+// WhatIfs replays s on a simulated device of s.Capacity.Bytes under its
+// recorded settings and under each variant set on top of them, on up to
+// workers goroutines, and returns the original OOMs and one row per
+// setting, the original first.
+func WhatIfs(s replay.Stream, variants []string, workers int) ([]OOMAt, []WhatIf, error) {
+	orig, err := s.Config("")
 	if err != nil {
-		return nil, fmt.Errorf("the trace's settings: %w", err)
+		return nil, nil, err
 	}
-	first := -1
-	for i, r := range reqs {
-		if r.OOM {
-			first = i
-			break
-		}
-	}
-	base := replayOne(reqs, capacity, orig, first)
-	base.AllocConf = orig.String()
-	if first < 0 && base.OOMs > 0 {
-		// The recording had no OOM marked (an RMM log): measure at the
-		// original replay's first failure instead.
-		first = base.firstOOM
-		base = replayOne(reqs, capacity, orig, first)
-		base.AllocConf = orig.String()
-	}
-	out := []WhatIf{base.WhatIf}
+	cfgs := []caching.Config{orig}
 	for _, v := range variants {
-		cfg, err := withVariant(orig, v)
+		c, err := replay.Overlay(orig, v)
 		if err != nil {
-			return nil, fmt.Errorf("variant %q: %w", v, err)
+			return nil, nil, fmt.Errorf("variant %q: %w", v, err)
 		}
-		w := replayOne(reqs, capacity, cfg, first)
-		w.AllocConf = cfg.String()
-		w.Avoided = base.OOMs > 0 && w.OOMs == 0 && w.Err == ""
-		out = append(out, w.WhatIf)
+		cfgs = append(cfgs, c)
 	}
-	return out, nil
+	var recorded []OOMAt
+	for i, r := range s.Requests {
+		if r.OOM {
+			recorded = append(recorded, OOMAt{i, r.Size})
+		}
+	}
+	rows := make([]WhatIf, len(cfgs))
+	results := make([]replay.Result, len(cfgs))
+	original := recorded
+	first := 0
+	if recorded == nil {
+		// An RMM log: the original OOMs are those of its replay, which
+		// the other rows measure at.
+		rows[0], results[0], _ = replayOne(s, orig, nil, true)
+		original = append([]OOMAt{}, rows[0].OOMs...)
+		first = 1
+	}
+	jobs := make(chan int)
+	var wg sync.WaitGroup
+	for range max(1, workers) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range jobs {
+				var err error
+				if i >= first {
+					rows[i], results[i], err = replayOne(s, cfgs[i], original, false)
+				}
+				at := s.Capacity.Bytes
+				switch {
+				case errors.Is(err, gpu.ErrOutOfMemory):
+					at = 0 // the starting layout does not fit: search from nothing
+				case err != nil:
+					continue
+				}
+				need, err := s.CapacityNeeded(cfgs[i], results[i], at)
+				if err != nil {
+					rows[i].Err = err.Error()
+				}
+				rows[i].CapacityNeeded = need
+			}
+		}()
+	}
+	for i := range cfgs {
+		jobs <- i
+	}
+	close(jobs)
+	wg.Wait()
+	if original == nil {
+		original = []OOMAt{}
+	}
+	for i := range rows {
+		rows[i].AllocConf = cfgs[i].String()
+		if i > 0 {
+			rows[i].Variant = variants[i-1]
+		}
+		rows[i].Avoided, rows[i].NewOOMs = compare(original, rows[i].OOMs, rows[i].Err == "")
+	}
+	return original, rows, nil
 }
 
-type replayed struct {
-	WhatIf
-	firstOOM int
+// compare returns the original OOMs a replay served and its OOMs the
+// original did not have; a failed replay served nothing.
+func compare(original, ooms []OOMAt, complete bool) (avoided, fresh []int) {
+	avoided, fresh = []int{}, []int{}
+	at := map[int]bool{}
+	for _, o := range ooms {
+		at[o.Index] = true
+	}
+	was := map[int]bool{}
+	for _, o := range original {
+		was[o.Index] = true
+		if complete && !at[o.Index] {
+			avoided = append(avoided, o.Index)
+		}
+	}
+	for _, o := range ooms {
+		if !was[o.Index] {
+			fresh = append(fresh, o.Index)
+		}
+	}
+	return avoided, fresh
 }
 
-func replayOne(reqs []replay.Request, capacity uint64, cfg caching.Config, at int) replayed {
-	res := replayed{firstOOM: -1}
-	a, err := caching.New(sim.New(capacity), cfg)
+// replayOne replays s under cfg and measures the fragmentation right
+// after the requests of the original OOMs, or after its own (own). The
+// error, also in the row, is what stopped the replay.
+func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) (WhatIf, replay.Result, error) {
+	w := WhatIf{OOMs: []OOMAt{}, FragmentationAtOOM: []float64{}}
+	a, err := caching.New(s.Device(s.Capacity.Bytes), cfg)
 	if err != nil {
-		res.Err = err.Error()
-		return res
+		w.Err = err.Error()
+		return w, replay.Result{}, err
 	}
-	p := replay.NewReplayer(a)
-	measured := false
-	for i, r := range reqs {
-		if i == at {
-			res.FragmentationAtOOM = a.Layout().Figures().Fragmentation
-			measured = true
-		}
-		if err := p.Step(i, r); err != nil {
-			res.Err = err.Error()
+	p, err := s.Start(a)
+	if err != nil {
+		w.Err = err.Error()
+		return w, p.Result(), err
+	}
+	next := 0
+	for i, r := range s.Requests {
+		before := len(p.OOMs())
+		if err = p.Step(i, r); err != nil {
+			w.Err = err.Error()
 			break
 		}
+		if own && len(p.OOMs()) > before || next < len(original) && original[next].Index == i {
+			w.FragmentationAtOOM = append(w.FragmentationAtOOM, a.Layout().Figures().Fragmentation)
+			next++
+		}
 	}
-	out := p.Result()
-	if !measured {
-		res.FragmentationAtOOM = a.Layout().Figures().Fragmentation
+	res := p.Result()
+	for _, o := range res.OOMs {
+		w.OOMs = append(w.OOMs, OOMAt{o.Index, o.Size})
 	}
-	res.OOMs = len(out.OOMs)
-	if len(out.OOMs) > 0 {
-		res.firstOOM = out.OOMs[0].Index
+	w.PeakReserved = res.PeakReserved
+	return w, res, err
+}
+
+// ForOOM is the table read for original OOM k (from 0): what each setting
+// did with that request, in sentences an incident page shows.
+type ForOOM struct {
+	Index int    `json:"index"`
+	Size  uint64 `json:"size"`
+	// ServedBy are the variants that served the request.
+	ServedBy []string `json:"served_by"`
+	// Sentences say it: "expandable_segments:True would have served this
+	// request.", then what the run needs (Table.Needed).
+	Sentences []string `json:"sentences"`
+}
+
+// ForOOM reads the table for original OOM k; ok is false when there is
+// no such OOM.
+func (t Table) ForOOM(k int) (f ForOOM, ok bool) {
+	if k < 0 || k >= len(t.OOMs) {
+		return f, false
 	}
-	res.PeakReserved = out.PeakReserved
-	return res
+	f = ForOOM{Index: t.OOMs[k].Index, Size: t.OOMs[k].Size, ServedBy: []string{}}
+	for _, r := range t.Rows[1:] {
+		if r.Serves(f.Index) {
+			f.ServedBy = append(f.ServedBy, r.Variant)
+			f.Sentences = append(f.Sentences, r.Variant+" would have served this request.")
+		}
+	}
+	if len(f.ServedBy) == 0 {
+		f.Sentences = append(f.Sentences, "None of the settings tried would have served this request.")
+	}
+	if n := t.Needed(); n != "" {
+		f.Sentences = append(f.Sentences, n)
+	}
+	return f, true
+}
+
+// Needed says what device the whole run needs without an OOM: under the
+// recorded settings, and under the variant that needs the least when it
+// needs less: "Needs 63.40 GiB with the recorded settings, 58.10 GiB with
+// expandable_segments:True." Empty when the table has no rows.
+func (t Table) Needed() string {
+	if len(t.Rows) == 0 {
+		return ""
+	}
+	need := func(r WhatIf) string {
+		if r.CapacityNeeded == 0 {
+			return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
+		}
+		return gpu.FormatBytes(r.CapacityNeeded)
+	}
+	orig := t.Rows[0]
+	s := "Needs " + need(orig) + " with the recorded settings"
+	best := -1
+	for i, r := range t.Rows[1:] {
+		if r.Err == "" && r.CapacityNeeded > 0 && (orig.CapacityNeeded == 0 || r.CapacityNeeded < orig.CapacityNeeded) &&
+			(best < 0 || r.CapacityNeeded < t.Rows[best].CapacityNeeded) {
+			best = i + 1
+		}
+	}
+	if best > 0 {
+		s += ", " + need(t.Rows[best]) + " with " + t.Rows[best].Variant
+	} else {
+		s += "; no setting tried needs less"
+	}
+	return s + " (the device has " + gpu.FormatBytes(t.Capacity) + ")."
 }

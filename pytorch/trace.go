@@ -8,6 +8,7 @@ import (
 	"strconv"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 )
 
 // Trace is one device's part of a PyTorch memory snapshot.
@@ -83,10 +84,11 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 	return out, nil
 }
 
-// Recording is the device's trace as an event stream to replay. A snapshot
-// does not record its device's capacity.
+// Recording is the device's trace as an event stream to replay, under the
+// settings the allocator had (see Settings.Replay). A snapshot does not
+// record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
-	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Conf}
+	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay()}
 }
 
 // OOMs counts the oom events.
@@ -123,6 +125,18 @@ type Settings struct {
 	Rules gpu.Rules
 	// Raw is allocator_settings as written, nil when the file has none.
 	Raw map[string]any
+}
+
+// Replay is the settings to replay under, PYTORCH_CUDA_ALLOC_CONF syntax:
+// Conf, unless allocator_settings say otherwise (settings changed at run
+// time with _set_allocator_settings), then what they say.
+func (s Settings) Replay() string {
+	c, err := caching.ParseConfig(s.Conf)
+	gc, _ := s.Raw["garbage_collection_threshold"].(float64)
+	if err == nil && c.Rules == s.Rules && (s.Raw["garbage_collection_threshold"] == nil || c.GarbageCollectionThreshold == gc) {
+		return s.Conf
+	}
+	return caching.Config{Rules: s.Rules, GarbageCollectionThreshold: gc}.String()
 }
 
 // SettingsFromRules describes rules as allocator_settings, for export.

@@ -1,42 +1,110 @@
 package replay
 
-import "vramscope/gpu"
+import (
+	"fmt"
 
-// EstimateCapacity guesses a device's capacity from a recording that lacks
+	"vramscope/gpu"
+)
+
+// CapacitySource says where a stream's device capacity came from.
+type CapacitySource string
+
+const (
+	CapacityUnknown  CapacitySource = ""
+	CapacityRecorded CapacitySource = "recorded" // the trace kept its device's capacity
+	CapacityOOM      CapacitySource = "oom"      // reserved + device free at the first oom entry
+	CapacityRetries  CapacitySource = "retries"  // the bounds the free-and-retry paths imply
+	// the most the reservations for expandable segments leave room for
+	CapacityReservations CapacitySource = "reservations"
+	CapacityGiven        CapacitySource = "given"   // asked for (--capacity)
+	CapacityDefault      CapacitySource = "default" // nothing said: a default
+)
+
+// DefaultCapacity is the device a replay runs on when nothing says: an
+// 80 GiB card such as the A100 or H100.
+const DefaultCapacity = 80 << 30
+
+// Capacity is the device memory a stream replays on, and why.
+type Capacity struct {
+	Bytes  uint64         `json:"bytes"`
+	Source CapacitySource `json:"source"`
+	// OOMSeq is the oom event the capacity was read from (CapacityOOM).
+	OOMSeq int64 `json:"oom_seq,omitempty"`
+	// Retries counts the free-and-retry paths, and Low and High are the
+	// bounds they and the recording's peak reservation imply
+	// (CapacityRetries); Bytes is one of them or between.
+	Retries int    `json:"retries,omitempty"`
+	Low     uint64 `json:"low,omitempty"`
+	High    uint64 `json:"high,omitempty"`
+	// Implied is what the recording implies when a given or default
+	// capacity replaced it (0 when it implies nothing).
+	Implied uint64 `json:"implied,omitempty"`
+	// PeakReserved is the most the recording reserved: a device with less
+	// cannot replay it as it ran.
+	PeakReserved uint64 `json:"peak_reserved,omitempty"`
+}
+
+// String says the capacity and where it came from: "capacity 20.97 GiB,
+// inferred from 39 retries (between 20.97 GiB and 21.01 GiB)".
+func (c Capacity) String() string {
+	if c.Source == CapacityUnknown {
+		return "capacity unknown"
+	}
+	return "capacity " + gpu.FormatBytes(c.Bytes) + ", " + c.From()
+}
+
+// From says where the capacity came from.
+func (c Capacity) From() string {
+	var s string
+	switch c.Source {
+	case CapacityRecorded:
+		return "recorded with the trace"
+	case CapacityOOM:
+		return fmt.Sprintf("inferred from the OOM at event %d", c.OOMSeq)
+	case CapacityRetries:
+		return fmt.Sprintf("inferred from %d %s (between %s and %s)", c.Retries, plural(c.Retries, "retry", "retries"),
+			gpu.FormatBytes(c.Low), gpu.FormatBytes(c.High))
+	case CapacityReservations:
+		return "the most the address space reserved for expandable segments leaves room for"
+	case CapacityGiven:
+		s = "as given"
+	case CapacityDefault:
+		s = "a default: the recording does not say"
+	default:
+		return "unknown"
+	}
+	if c.Implied > 0 {
+		return s + " (the recording implies " + gpu.FormatBytes(c.Implied) + ")"
+	}
+	if c.PeakReserved > c.Bytes {
+		return s + " (less than the " + gpu.FormatBytes(c.PeakReserved) + " the recording reserved)"
+	}
+	return s
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+// Use settles the capacity of s: given (a --capacity flag) when it is not
+// 0, else what the recording says or implies, else fallback.
+func (s *Stream) Use(given, fallback uint64) {
+	c := &s.Capacity
+	switch {
+	case given > 0:
+		*c = Capacity{Bytes: given, Source: CapacityGiven, Implied: c.Bytes, PeakReserved: c.PeakReserved}
+	case c.Bytes == 0:
+		*c = Capacity{Bytes: fallback, Source: CapacityDefault, PeakReserved: c.PeakReserved}
+	}
+}
+
+// EstimateCapacity reads a device's capacity from a recording that lacks
 // it (PyTorch snapshots do): at the first OOM, what the allocator held plus
 // what the driver had free. ok is false without an OOM.
 func EstimateCapacity(initial *gpu.Layout, events []gpu.Event) (capacity uint64, ok bool) {
-	var tot gpu.Totals
-	if initial != nil {
-		tot.Reserved = initial.Figures().Reserved
-	}
-	for i := range events {
-		if events[i].Action == gpu.ActionOOM {
-			return tot.Reserved + events[i].DeviceFree, true
-		}
-		tot.Apply(&events[i], false)
-	}
-	return 0, false
-}
-
-// Stream is a request stream with what its recording says of where it ran.
-type Stream struct {
-	Requests []Request
-	// Settings are the allocator settings it was recorded under
-	// (PYTORCH_CUDA_ALLOC_CONF syntax; empty: the defaults).
-	Settings string
-	// Capacity is the device's memory, 0 when unknown; CapacityEstimated
-	// says it was inferred (EstimateCapacity) rather than recorded.
-	Capacity          uint64
-	CapacityEstimated bool
-}
-
-// FromRecording turns a recorded event stream into requests, with the
-// recording's capacity or, when it has none, an estimate from its OOM.
-func FromRecording(rec gpu.Recording) Stream {
-	s := Stream{Requests: FromEvents(rec.Initial, rec.Events), Settings: rec.Settings, Capacity: rec.Capacity}
-	if s.Capacity == 0 {
-		s.Capacity, s.CapacityEstimated = EstimateCapacity(rec.Initial, rec.Events)
-	}
-	return s
+	c := inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).capacity
+	return c.Bytes, c.Source == CapacityOOM
 }

@@ -1,7 +1,8 @@
 // Package replay runs recorded allocator traffic again: any recording (an
-// RMM log, a PyTorch snapshot's trace, a stored trace) becomes a stream of
-// requests, which a Replayer drives through a caching allocator, under the
-// original settings or others. replay, whatif and incident pages use it.
+// RMM log, a PyTorch snapshot's trace, a stored trace) becomes a Stream of
+// requests from a starting layout, which a Replayer drives through a
+// caching allocator, under the original settings or others. replay,
+// whatif, trace --workload replay and the incident pages all go through it.
 package replay
 
 import (
@@ -50,8 +51,10 @@ type Result struct {
 	// UnmatchedFrees counts frees of allocations the stream never made (a
 	// log that starts mid-run) or that failed with OOM.
 	UnmatchedFrees int
-	PeakReserved   uint64
-	PeakAllocated  uint64
+	// PeakReserved and PeakAllocated are the most the allocator held from
+	// the first request on (rebuilding the starting layout not counted).
+	PeakReserved  uint64
+	PeakAllocated uint64
 }
 
 // Replay runs reqs through a. An allocation that fails with OOM is recorded
@@ -60,26 +63,44 @@ type Result struct {
 func Replay(a *caching.Allocator, reqs []Request, setTime func(int64)) (Result, error) {
 	r := NewReplayer(a)
 	r.SetTime = setTime
-	for i := range reqs {
-		if err := r.Step(i, reqs[i]); err != nil {
-			return r.Result(), err
-		}
-	}
-	return r.Result(), nil
+	return r.Run(reqs)
 }
 
 // Replayer replays requests one at a time, so callers can look at the
 // allocator between them.
 type Replayer struct {
 	a       *caching.Allocator
-	live    map[int64]uint64
+	live    liveSet
 	res     Result
 	SetTime func(int64)
 }
 
 // NewReplayer returns a replayer driving a.
 func NewReplayer(a *caching.Allocator) *Replayer {
-	return &Replayer{a: a, live: make(map[int64]uint64, 1024)}
+	p := &Replayer{a: a}
+	p.measure()
+	return p
+}
+
+// measure takes the allocator's figures into the peaks. Within a call
+// reserved memory only grows, after it shrinks (a release before a
+// retry), so measuring between calls finds the peaks.
+func (p *Replayer) measure() {
+	p.res.PeakReserved = max(p.res.PeakReserved, p.a.Reserved())
+	p.res.PeakAllocated = max(p.res.PeakAllocated, p.a.Allocated())
+}
+
+// Allocator is the allocator the replayer drives.
+func (p *Replayer) Allocator() *caching.Allocator { return p.a }
+
+// Run runs reqs, a whole stream, one after the other.
+func (p *Replayer) Run(reqs []Request) (Result, error) {
+	for i := range reqs {
+		if err := p.Step(i, reqs[i]); err != nil {
+			return p.Result(), err
+		}
+	}
+	return p.Result(), nil
 }
 
 // Step runs request r, the i-th of its stream.
@@ -87,6 +108,7 @@ func (p *Replayer) Step(i int, r Request) error {
 	if p.SetTime != nil {
 		p.SetTime(r.TimeUS)
 	}
+	defer p.measure()
 	a := p.a
 	switch r.Op {
 	case OpMalloc:
@@ -99,19 +121,18 @@ func (p *Replayer) Step(i int, r Request) error {
 			}
 			return fmt.Errorf("request %d: malloc(%d): %w", i, r.Size, err)
 		}
-		p.live[r.ID] = ptr
+		p.live.put(r.ID, ptr)
 	case OpFree:
-		ptr, ok := p.live[r.ID]
+		ptr, ok := p.live.take(r.ID)
 		if !ok {
 			p.res.UnmatchedFrees++
 			return nil
 		}
-		delete(p.live, r.ID)
 		if err := a.Free(ptr); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
 	case OpRecordStream:
-		if ptr, ok := p.live[r.ID]; ok {
+		if ptr, ok := p.live.get(r.ID); ok {
 			if err := a.RecordStream(ptr, r.Stream); err != nil {
 				return fmt.Errorf("request %d: %w", i, err)
 			}
@@ -124,40 +145,109 @@ func (p *Replayer) Step(i int, r Request) error {
 	return nil
 }
 
+// OOMs are the requests refused so far.
+func (p *Replayer) OOMs() []OOM { return p.res.OOMs }
+
 // Result flushes the allocator's events and returns what the replay found.
 func (p *Replayer) Result() Result {
 	p.a.Flush()
-	st := p.a.Stats()
-	p.res.PeakReserved = uint64(st.ReservedBytes[0].Peak)
-	p.res.PeakAllocated = uint64(st.AllocatedBytes[0].Peak)
 	return p.res
+}
+
+// liveSet maps allocation ids to pointers. Ids are small and dense in
+// every stream this package makes, so a slice serves them; others go to a
+// map.
+type liveSet struct {
+	dense  []uint64 // index id; absent where ^0
+	sparse map[int64]uint64
+}
+
+const absent = ^uint64(0)
+
+func (l *liveSet) put(id int64, ptr uint64) {
+	if id >= 0 && id < int64(2*len(l.dense)+1024) {
+		for int64(len(l.dense)) <= id {
+			l.dense = append(l.dense, absent)
+		}
+		l.dense[id] = ptr
+		return
+	}
+	if l.sparse == nil {
+		l.sparse = map[int64]uint64{}
+	}
+	l.sparse[id] = ptr
+}
+
+func (l *liveSet) get(id int64) (uint64, bool) {
+	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != absent {
+		return l.dense[id], true
+	}
+	ptr, ok := l.sparse[id]
+	return ptr, ok
+}
+
+func (l *liveSet) take(id int64) (uint64, bool) {
+	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != absent {
+		ptr := l.dense[id]
+		l.dense[id] = absent
+		return ptr, true
+	}
+	ptr, ok := l.sparse[id]
+	if ok {
+		delete(l.sparse, id)
+	}
+	return ptr, ok
+}
+
+// liveBlocks calls fn for each live block of l (allocated or pending
+// free), in address order, with the id the stream's requests know it by:
+// 1, 2, ... FromEvents and Replayer.restore agree through it.
+func liveBlocks(l *gpu.Layout, fn func(id int64, seg, block int)) {
+	if l == nil {
+		return
+	}
+	var id int64
+	for i := range l.Segments {
+		for j, b := range l.Segments[i].Blocks {
+			if b.State != gpu.BlockFree {
+				id++
+				fn(id, i, j)
+			}
+		}
+	}
 }
 
 // FromEvents turns a recorded event stream (a stored trace or a PyTorch
 // snapshot's trace) back into the requests that made it: alloc becomes
-// malloc, free_requested becomes free, and an oom becomes the malloc that
-// failed (with its rounded size, all the event keeps). Allocations live before the first
-// event are given as initial: they are allocated first, at time 0.
+// malloc, free_requested becomes free, an oom becomes the malloc that
+// failed (with its rounded size, all the event keeps), and segments
+// released outside any malloc become empty_cache() calls (see
+// inferRuns). The live blocks of initial, the layout before the first
+// event, keep ids 1..n in address order: a Replayer started on initial
+// knows them by those ids. Its pending-free blocks are freed where their
+// free_completed comes.
 func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
-	var reqs []Request
+	return fromEvents(initial, events, inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).emptyCache)
+}
+
+func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool) []Request {
+	reqs := make([]Request, 0, len(events)/2)
 	ids := make(map[uint64]int64)
+	pending := make(map[uint64]int64)
 	var next int64
-	if initial != nil {
-		for _, s := range initial.Segments {
-			for _, b := range s.Blocks {
-				if b.State == gpu.BlockFree {
-					continue
-				}
-				next++
-				ids[b.Addr] = next
-				reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: b.Requested, Stream: s.Stream, Stack: b.Stack})
-				if b.State == gpu.BlockPendingFree {
-					reqs = append(reqs, Request{Op: OpFree, ID: next, Stream: s.Stream})
-				}
-			}
+	liveBlocks(initial, func(id int64, seg, block int) {
+		b := &initial.Segments[seg].Blocks[block]
+		if b.State == gpu.BlockPendingFree {
+			pending[b.Addr] = id
+		} else {
+			ids[b.Addr] = id
 		}
-	}
-	for _, e := range events {
+		next = id
+	})
+	for i, e := range events {
+		if emptyCache[i] {
+			reqs = append(reqs, Request{Op: OpEmptyCache, Stream: e.Stream, TimeUS: e.TimeUS})
+		}
 		switch e.Action {
 		case gpu.ActionAlloc:
 			next++
@@ -170,6 +260,11 @@ func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
 			}
 			delete(ids, e.Addr)
 			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+		case gpu.ActionFreeCompleted:
+			if id, ok := pending[e.Addr]; ok {
+				delete(pending, e.Addr)
+				reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+			}
 		case gpu.ActionOOM:
 			// The request that failed: replayed, it may succeed under other settings.
 			next++

@@ -68,27 +68,50 @@ func (s *Server) apiIncident(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, incidentJSON{ex, "/api" + incidentURL(id, n) + "/whatif"})
 }
 
-// whatifJSON is the what-if table of one incident.
+// whatifJSON is the what-if table of a trace; for an incident, read for
+// its OOM too.
 type whatifJSON struct {
 	Status string `json:"status"` // "done" or "running"
+	// Needed says what device the whole run needs (incident.Table.Needed).
+	Needed   string           `json:"needed,omitempty"`
+	Incident *incident.ForOOM `json:"incident,omitempty"`
 	*incident.Table
 }
 
+// apiWhatIf answers incident n's what-if: the trace's table, and what it
+// says of that OOM.
 func (s *Server) apiWhatIf(w http.ResponseWriter, r *http.Request) {
 	n, ok := incidentN(w, r)
 	if !ok {
 		return
 	}
 	id := chi.URLParam(r, "id")
-	t, err := s.opt.DB.Trace(id)
-	if err == nil {
-		_, err = s.opt.DB.IncidentN(id, n)
+	if _, err := s.opt.DB.IncidentN(id, n); err != nil {
+		s.storeError(w, r, err)
+		return
 	}
+	s.whatIf(w, r, id, func(out *whatifJSON) {
+		if f, ok := out.Table.ForOOM(n - 1); ok {
+			out.Incident = &f
+		}
+	})
+}
+
+// apiTraceWhatIf answers a trace's what-if: the table and the memory the
+// run needs, OOM or not.
+func (s *Server) apiTraceWhatIf(w http.ResponseWriter, r *http.Request) {
+	s.whatIf(w, r, chi.URLParam(r, "id"), func(*whatifJSON) {})
+}
+
+// whatIf waits up to whatifWait for trace id's table, then answers with
+// it (read by fill) or with 202 "running".
+func (s *Server) whatIf(w http.ResponseWriter, r *http.Request, id string, fill func(*whatifJSON)) {
+	t, err := s.opt.DB.Trace(id)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
-	j := s.whatifs.WhatIf(id, n, t.LastSeq)
+	j := s.whatifs.WhatIf(id, t.LastSeq)
 	timer := time.NewTimer(s.whatifWait)
 	defer timer.Stop()
 	select {
@@ -104,11 +127,13 @@ func (s *Server) apiWhatIf(w http.ResponseWriter, r *http.Request) {
 			s.storeError(w, r, j.Err)
 			return
 		}
-		s.log.Error("what-if", "trace", id, "incident", n, "err", j.Err)
+		s.log.Error("what-if", "trace", id, "err", j.Err)
 		writeError(w, http.StatusInternalServerError, "what-if replay: %v", j.Err)
 		return
 	}
-	writeJSON(w, http.StatusOK, whatifJSON{Status: "done", Table: &j.Table})
+	out := whatifJSON{Status: "done", Needed: j.Table.Needed(), Table: &j.Table}
+	fill(&out)
+	writeJSON(w, http.StatusOK, out)
 }
 
 // pageIncident is the incident page: a frame that incident.js fills from

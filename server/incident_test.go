@@ -142,11 +142,23 @@ func TestIncidentFragmentation(t *testing.T) {
 	if w.Capacity != fragCapacity || w.Requests == 0 || len(w.Rows) != 1+len(incident.Variants) {
 		t.Fatalf("what-if: %+v", w)
 	}
-	if w.Rows[0].OOMs == 0 || w.Rows[0].Avoided || w.Rows[0].FragmentationAtOOM <= 0 {
+	if len(w.Rows[0].OOMs) != 1 || len(w.Rows[0].Avoided) != 0 || w.Rows[0].FragmentationAtOOM[0] <= 0 {
 		t.Fatalf("the original settings should replay the OOM: %+v", w.Rows[0])
 	}
-	if e := row(w.Rows[1:], "expandable_segments:True"); e == nil || !e.Avoided || e.OOMs != 0 {
+	if w.Incident == nil || len(w.OOMs) != 1 || w.Incident.Index != w.OOMs[0].Index || w.Incident.Size != in.Size {
+		t.Fatalf("what-if of incident 1: %+v, original OOMs %+v", w.Incident, w.OOMs)
+	}
+	if e := row(w.Rows[1:], "expandable_segments:True"); e == nil || !e.Serves(w.Incident.Index) || len(e.OOMs) != 0 {
 		t.Fatalf("expandable segments should avoid the OOM: %+v", w.Rows)
+	}
+	// Per incident, in words: who served it, and what the run needs.
+	says := strings.Join(w.Incident.Sentences, " ")
+	if !strings.Contains(says, "expandable_segments:True would have served this request.") ||
+		!strings.Contains(says, "Needs ") || !strings.Contains(says, " with the recorded settings") {
+		t.Fatalf("incident 1 says %q", says)
+	}
+	if w.Rows[0].CapacityNeeded <= fragCapacity || w.Rows[0].CapacityNeeded%(2*MiB) != 0 {
+		t.Fatalf("the original settings need %d bytes on a %d device that ran out", w.Rows[0].CapacityNeeded, fragCapacity)
 	}
 
 	// Pages: the incident page, its absence, and the list's link to it.
@@ -182,9 +194,16 @@ func TestIncidentShortageIsNotFragmentation(t *testing.T) {
 	}
 	w := whatIf(t, base)
 	for _, r := range w.Rows {
-		if r.Avoided || r.OOMs != 1 {
+		if len(r.Avoided) != 0 || len(r.OOMs) != 1 {
 			t.Errorf("nothing avoids a real shortage: %+v", r)
 		}
+	}
+	// Three segments of their own sizes; or four 20 MiB pages.
+	if w.Rows[0].CapacityNeeded != 68*MiB || row(w.Rows[1:], "expandable").CapacityNeeded != 80*MiB {
+		t.Errorf("needed %d and %d with expandable segments", w.Rows[0].CapacityNeeded, row(w.Rows[1:], "expandable").CapacityNeeded)
+	}
+	if got := strings.Join(w.Incident.Sentences, " "); !strings.HasPrefix(got, "None of the settings tried would have served this request.") {
+		t.Errorf("the shortage says %q", got)
 	}
 }
 
@@ -227,7 +246,8 @@ func TestIncidentOfUploadedSnapshot(t *testing.T) {
 			t.Fatalf("fragmentation without a pinned segment: %+v", r)
 		}
 		w := whatIf(t, base)
-		if !w.CapacityEstimated || w.Capacity == 0 || len(w.Rows) != 1+len(incident.Variants) || w.Rows[0].OOMs == 0 {
+		if w.Capacity != r.Capacity || !strings.HasPrefix(w.CapacityFrom, "inferred from the OOM at event") ||
+			len(w.Rows) != 1+len(incident.Variants) || len(w.Rows[0].OOMs) != 1 || len(w.Rows[0].NewOOMs) != 0 {
 			t.Fatalf("what-if: %+v", w)
 		}
 	}
@@ -275,7 +295,7 @@ func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
 	<-s.replaySlots
 	s.whatifWait = whatifWait
 	first := whatIf(t, base)
-	if e := row(first.Rows, "expandable_segments:True"); e == nil || !e.Avoided {
+	if e := row(first.Rows, "expandable_segments:True"); e == nil || !e.Serves(first.Incident.Index) {
 		t.Fatalf("what-if: %+v", first)
 	}
 	// A second request is answered from the cache: the same job.
@@ -284,4 +304,30 @@ func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
 	if jobs != 1 || s.whatifs.Len() != 1 {
 		t.Fatalf("%d then %d what-if jobs for one incident", jobs, s.whatifs.Len())
 	}
+	// The trace's own what-if is the same table.
+	trace := whatIf(t, srv.URL+"/api/traces/"+id)
+	if s.whatifs.Len() != 1 || trace.Incident != nil || trace.Needed != first.Needed || !strings.HasPrefix(trace.Needed, "Needs ") {
+		t.Fatalf("the trace's what-if: %+v (%d jobs)", trace, s.whatifs.Len())
+	}
+}
+
+// A trace without an OOM still gets the memory it needs.
+func TestWhatIfWithoutOOM(t *testing.T) {
+	db := testkit.OpenDB(t)
+	reqs := []replay.Request{
+		{Op: replay.OpMalloc, ID: 1, Size: 30 * MiB},
+		{Op: replay.OpMalloc, ID: 2, Size: 6 * MiB},
+		{Op: replay.OpFree, ID: 1},
+		{Op: replay.OpMalloc, ID: 3, Size: 12 * MiB},
+	}
+	id := testkit.Record(t, db, "fits", testkit.Replaying(reqs), 80*MiB, "")
+	srv := serve(t, db)
+	w := whatIf(t, srv.URL+"/api/traces/"+id)
+	// 30 MiB then 6 MiB (a 20 MiB segment): 50 MiB; the 12 MiB reuse the
+	// freed 30 MiB segment.
+	if len(w.OOMs) != 0 || w.Rows[0].CapacityNeeded != 50*MiB || w.Needed != "Needs 50.00 MiB with the recorded settings"+
+		", 40.00 MiB with expandable_segments:True (the device has 80.00 MiB)." {
+		t.Fatalf("what-if: %+v, %q", w.Rows[0], w.Needed)
+	}
+	getJSON(t, srv.URL+"/api/traces/nosuchtrace/whatif", http.StatusNotFound, nil)
 }

@@ -95,6 +95,7 @@ func New(opt Options) *Server {
 				r.Get("/incidents", s.apiIncidents)
 				r.Get("/incidents/{n}", s.apiIncident)
 				r.Get("/incidents/{n}/whatif", s.apiWhatIf)
+				r.Get("/whatif", s.apiTraceWhatIf)
 			})
 		})
 	})

@@ -138,17 +138,23 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	within(t, ctx, "what-if", chromedp.Poll[bool](`document.getElementById("incident").dataset.whatif === "done"`))
 	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
 		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
-	if len(rows) != 1+len(incident.Variants) || !strings.HasSuffix(rows[0][0], "[original]") || rows[0][1] == "0" {
+	// Settings, this request, fragmentation here, OOMs, new OOMs, peak reserved, memory needed.
+	if len(rows) != 1+len(incident.Variants) || !strings.HasSuffix(rows[0][0], "[original]") || rows[0][1] != "failed" || rows[0][3] == "0" ||
+		!strings.HasSuffix(rows[0][6], " GiB") {
 		t.Fatalf("what-if rows %q", rows)
 	}
 	found := false
 	for _, r := range rows[1:] {
 		if strings.Contains(r[0], "expandable_segments:True") {
-			found = r[1] == "0" && r[4] == "yes"
+			found = r[1] == "served" && r[3] == "0"
 		}
 	}
 	if !found {
 		t.Fatalf("expandable segments do not avoid the OOM in %q", rows)
+	}
+	says := within(t, ctx, "what-if sentences", chromedp.Text(`.whatif-says`))
+	if !strings.Contains(says, "expandable_segments:True would have served this request.") || !strings.Contains(says, "Needs ") {
+		t.Fatalf("the incident says %q", says)
 	}
 	screenshot(t, ctx, dir, "incident")
 	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#whatif-table`))
@@ -193,5 +199,42 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 	if !strings.HasPrefix(verdict, "A real shortage") || !strings.Contains(facts, "estimated") {
 		t.Fatalf("verdict %q, facts %q", verdict, facts)
 	}
-	screenshot(t, ctx, shotDir(t), "incident-snapshot")
+	// Replayed from its own layout, at its recorded addresses and inferred
+	// capacity, the snapshot's OOM happens again and no setting serves it.
+	status := within(t, ctx, "what-if status", chromedp.Text(`#whatif-status`))
+	says := within(t, ctx, "what-if sentences", chromedp.Text(`.whatif-says`))
+	if !strings.Contains(status, "capacity inferred from the OOM at event 1117") ||
+		!strings.Contains(says, "None of the settings tried would have served this request.") || !strings.Contains(says, "with the recorded settings") {
+		t.Fatalf("what-if status %q, says %q", status, says)
+	}
+	dir := shotDir(t)
+	screenshot(t, ctx, dir, "incident-snapshot")
+	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#whatif-table`))
+	screenshot(t, ctx, dir, "incident-snapshot-whatif")
+}
+
+// The trace view of a run without an OOM says the memory it needs.
+func TestBrowserMemoryNeeded(t *testing.T) {
+	ctx := browser(t)
+	f, err := os.Open(filepath.Join(snapshots, "no_time_us_segment_churn.pickle"))
+	if err != nil {
+		t.Skipf("no snapshot: %v", err)
+	}
+	defer f.Close()
+	db := testkit.OpenDB(t)
+	ids, err := ingest.Snapshot(db, f, "no_time_us_segment_churn.pickle")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, db)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+ids[0]))
+	waitFor(t, ctx, "the memory needed", `document.getElementById("needed")?.dataset.done === "1"`)
+	needed := within(t, ctx, "needed", chromedp.Text(`#needed .needed`))
+	status := within(t, ctx, "status", chromedp.Text(`#needed [role=status]`))
+	if !strings.HasPrefix(needed, "Needs ") || !strings.Contains(needed, " GiB with the recorded settings") ||
+		!strings.Contains(status, "capacity inferred from 39 retries") {
+		t.Fatalf("memory needed %q, status %q", needed, status)
+	}
+	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#needed-panel`))
+	screenshot(t, ctx, shotDir(t), "trace-memory-needed")
 }

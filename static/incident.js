@@ -9,6 +9,7 @@ import { frameText, hideTip, placeTip, stackLoader } from "./tips.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
 import { initShare } from "./share.js";
+import { loadWhatIf, whatIfTable } from "./whatif.js";
 
 const root = document.getElementById("incident");
 const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
@@ -194,36 +195,12 @@ function showReport(d) {
   for (const s of pinned) view.pinned.add(s.address);
 }
 
-// The what-if replays can take a while on a big trace: the server answers
-// 202 while they run, and we ask again.
+// What each setting would have done with this request, in words and as a
+// table (whatif.js); the replays can take a while on a big trace.
 async function showWhatIf(url) {
-  const status = document.getElementById("whatif-status");
-  status.textContent = "Replaying the trace under each setting…";
-  for (;;) {
-    const w = await api(url);
-    if (w.status === "done") {
-      renderWhatIf(w, status);
-      return;
-    }
-    status.textContent = "Replaying the trace under each setting… (still running)";
-  }
-}
-
-function renderWhatIf(w, status) {
-  const rows = w.rows;
-  status.textContent = `${w.requests} requests replayed on a simulated ${fmtBytes(w.capacity_bytes)} device` +
-    (w.capacity_estimated ? " (capacity estimated from the OOM)" : "") + ".";
-  const orig = rows[0];
-  const body = rows.map((r, i) => {
-    let conf = r.alloc_conf || "(defaults)";
-    if (i === 0) conf += " [original]";
-    let avoided = r.avoided ? "yes" : i === 0 || orig.ooms === 0 ? "-" : "no";
-    if (r.error) avoided = "failed: " + r.error;
-    return [conf, String(r.ooms), fmtBytes(r.peak_reserved), (100 * r.fragmentation_at_oom).toFixed(1) + " %", avoided];
-  });
-  const t = table("whatif-table", ["Settings", "OOMs", "Peak reserved", "Fragmentation at the OOM", "OOM avoided"], body);
-  t.querySelectorAll("tbody tr").forEach((tr, i) => { if (rows[i].avoided) tr.lastChild.classList.add("yes"); });
-  document.getElementById("whatif").replaceChildren(t);
+  const w = await loadWhatIf(url, document.getElementById("whatif-status"));
+  const says = w.incident ? el("ul", { class: "whatif-says" }, ...w.incident.sentences.map((s) => el("li", {}, s))) : "";
+  document.getElementById("whatif").replaceChildren(says, whatIfTable(w, w.incident?.index));
   root.dataset.whatif = "done";
 }
 

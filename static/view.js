@@ -9,6 +9,7 @@ import { SegMap } from "./segmap.js";
 import { initShare } from "./share.js";
 import { showIncidents } from "./incidents.js";
 import { follow } from "./live.js";
+import { showNeeded } from "./whatif.js";
 
 const root = document.getElementById("view");
 const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
@@ -302,3 +303,7 @@ schedule();
 initShare(view.id);
 showIncidents(view, document.querySelector(".timeline-panel .legend")).catch((e) => view.error("Incidents: " + e.message));
 if (root.dataset.status === "live") view.live = follow(view);
+if (root.dataset.status !== "live") {
+  document.getElementById("needed-panel").hidden = false;
+  showNeeded(view.id, document.getElementById("needed")).catch((e) => view.error("Memory needed: " + e.message));
+}

@@ -2,8 +2,10 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"testing"
 
@@ -130,23 +132,55 @@ func TestWhatIfJSON(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
+	// The shape: one object per setting, the original first.
+	var generic []map[string]any
+	if err := json.Unmarshal([]byte(out), &generic); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range generic {
+		var keys []string
+		for k := range r {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		if fmt.Sprint(keys) != "[alloc_conf avoided capacity_needed error fragmentation_at_oom new_ooms ooms peak_reserved]" {
+			t.Fatalf("keys %v", keys)
+		}
+	}
 	var rows []struct {
-		AllocConf          string  `json:"alloc_conf"`
-		OOMs               int     `json:"ooms"`
-		PeakReserved       uint64  `json:"peak_reserved"`
-		FragmentationAtOOM float64 `json:"fragmentation_at_oom"`
+		AllocConf string `json:"alloc_conf"`
+		OOMs      []struct {
+			Index int    `json:"index"`
+			Size  uint64 `json:"size"`
+		} `json:"ooms"`
+		Avoided            []int     `json:"avoided"`
+		NewOOMs            []int     `json:"new_ooms"`
+		CapacityNeeded     uint64    `json:"capacity_needed"`
+		PeakReserved       uint64    `json:"peak_reserved"`
+		FragmentationAtOOM []float64 `json:"fragmentation_at_oom"`
+		Error              string    `json:"error"`
 	}
 	if err := json.Unmarshal([]byte(out), &rows); err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) < 2 || rows[0].AllocConf != "" || rows[0].OOMs != 1 || rows[0].FragmentationAtOOM < 0.5 {
+	if len(rows) < 2 || rows[0].AllocConf != "" || len(rows[0].OOMs) != 1 || rows[0].OOMs[0].Size != 2<<30 ||
+		len(rows[0].FragmentationAtOOM) != 1 || rows[0].FragmentationAtOOM[0] < 0.5 || rows[0].CapacityNeeded <= 4<<30 {
 		t.Fatalf("original row %+v", rows)
 	}
-	if rows[1].AllocConf != "expandable_segments:True" || rows[1].OOMs != 0 || rows[1].PeakReserved == 0 {
+	oom := rows[0].OOMs[0].Index
+	if e := rows[1]; e.AllocConf != "expandable_segments:True" || len(e.OOMs) != 0 || e.PeakReserved == 0 ||
+		fmt.Sprint(e.Avoided) != fmt.Sprint([]int{oom}) || len(e.NewOOMs) != 0 || e.CapacityNeeded > 4<<30 || e.Error != "" {
 		t.Errorf("expandable row %+v", rows[1])
 	}
+	code, out, _ = runCmd("whatif", traces[0].ID, "--db", db)
+	if code != 0 || !strings.Contains(out, "capacity 4.00 GiB, recorded with the trace") ||
+		!strings.Contains(out, fmt.Sprintf("OOM at request %d: expandable_segments:True would have served this request.", oom)) ||
+		!strings.Contains(out, "MEMORY NEEDED") || !strings.Contains(out, "with expandable_segments:True (the device has 4.00 GiB).") {
+		t.Errorf("text:\n%s", out)
+	}
 	code, out, errs = runCmd("whatif", filepath.Join("..", "..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))
-	if code != 0 || !strings.Contains(out, "[original]") || !strings.Contains(out, "expandable_segments:True") {
+	if code != 0 || !strings.Contains(out, "[original]") || !strings.Contains(out, "expandable_segments:True") ||
+		!strings.Contains(out, "capacity 21.94 GiB, inferred from the OOM at event 1117") {
 		t.Errorf("snapshot whatif: exit %d %s\n%s", code, errs, out)
 	}
 	// A stored trace replays on a device of its own capacity: the OOM again.

@@ -183,3 +183,10 @@ func parseTraceArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 	return append([]string{*id}, pos...), nil
 }
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

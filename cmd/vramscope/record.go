@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"vramscope/gpu/cuda"
 	"vramscope/gpu/sim"
 	"vramscope/live"
+	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -22,6 +24,10 @@ import (
 type recording struct {
 	Name     string
 	Workload tracer.Workload
+	// Replay, instead of Workload, replays a stream from its starting
+	// layout (the trace starts there), with its recorded addresses on the
+	// simulated device, under its settings with Conf set on top.
+	Replay   *replay.Stream
 	Device   string // sim or cuda
 	Capacity uint64 // sim only
 	Conf     string
@@ -64,9 +70,61 @@ func (c *counter) figures() (int64, gpu.Totals) {
 	return c.events, c.tot
 }
 
-func openDevice(kind string, capacity uint64) (gpu.Device, func(addr, size uint64) error, func(), error) {
+// gate is the allocator's sink: it drops the events of rebuilding a
+// replay's starting layout (the trace starts from that layout), then
+// passes the rest on, numbered from 0.
+type gate struct {
+	next   gpu.Sink
+	offset int64
+	buf    []gpu.Event
+}
+
+// open starts passing events on to next; offset is the number of events
+// dropped.
+func (g *gate) open(next gpu.Sink, offset int64) { g.next, g.offset = next, offset }
+
+func (g *gate) Emit(batch []gpu.Event) {
+	if g.next == nil {
+		return
+	}
+	if g.offset == 0 {
+		g.next.Emit(batch)
+		return
+	}
+	g.buf = append(g.buf[:0], batch...)
+	for i := range g.buf {
+		g.buf[i].Seq -= g.offset
+	}
+	g.next.Emit(g.buf)
+}
+
+// startReplay rebuilds the starting layout of s on a, whose events the
+// gate drops, and returns it and the workload that replays the requests.
+// The first OOM ends the run, as it ended the recorded job.
+func startReplay(a *caching.Allocator, s *replay.Stream) (*gpu.Layout, tracer.Workload, error) {
+	p, err := s.Start(a)
+	if err != nil {
+		return nil, nil, err
+	}
+	a.Flush()
+	return a.Layout(), tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
+		p.SetTime = func(t int64) { env.Clock.US = t }
+		res, err := p.Run(s.Requests)
+		if err == nil && len(res.OOMs) > 0 {
+			return res.OOMs[0].Err
+		}
+		return err
+	}), nil
+}
+
+// openDevice opens the device a recording runs on; a replay's simulated
+// device hands out its recorded addresses.
+func openDevice(kind string, capacity uint64, rs *replay.Stream) (gpu.Device, func(addr, size uint64) error, func(), error) {
 	switch kind {
 	case "sim":
+		if rs != nil {
+			return rs.Device(capacity), nil, func() {}, nil
+		}
 		return sim.New(capacity), nil, func() {}, nil
 	case "cuda":
 		d, err := cuda.Open(0)
@@ -75,7 +133,7 @@ func openDevice(kind string, capacity uint64) (gpu.Device, func(addr, size uint6
 		}
 		return d, d.Touch, func() { d.Close() }, nil
 	}
-	return nil, nil, nil, usagef("--device must be sim or cuda, not %q", kind)
+	return nil, nil, nil, usagef("--device must be sim or cuda (or, with --workload replay, a snapshot's device number), not %q", kind)
 }
 
 // record runs rec and stores its events; progress, when not nil, gets a
@@ -83,10 +141,13 @@ func openDevice(kind string, capacity uint64) (gpu.Device, func(addr, size uint6
 func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer) (recorded, error) {
 	var out recorded
 	cfg, err := caching.ParseConfig(rec.Conf)
+	if err == nil && rec.Replay != nil {
+		cfg, err = rec.Replay.Config(rec.Conf)
+	}
 	if err != nil {
 		return out, usagef("--alloc-conf: %v", err)
 	}
-	dev, touch, closeDev, err := openDevice(rec.Device, rec.Capacity)
+	dev, touch, closeDev, err := openDevice(rec.Device, rec.Capacity, rec.Replay)
 	if err != nil {
 		return out, err
 	}
@@ -95,38 +156,53 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if err != nil {
 		return out, err
 	}
-	source := rec.Source
-	if source == "" {
-		source = gpu.SourceTrace
-	}
-	meta := gpu.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
-		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}
-	w, err := db.CreateTrace(meta, gpu.NewLayout(cfg.Rules))
-	if err != nil {
-		return out, err
-	}
-	var local gpu.Recorder = w
-	var stream *live.Client
-	if rec.Live != "" {
-		if stream, err = live.Dial(rec.Live, rec.Token, live.ClientOptions{Meta: meta}); err != nil {
-			w.Abort()
-			return out, err
-		}
-		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
-		local = stream.Tee(w)
-	}
-	sink := &counter{next: local}
 	clk := &tracer.Clock{}
 	now := clk.Now
 	if rec.Device == "cuda" {
 		start := time.Now()
 		now = func() int64 { return time.Since(start).Microseconds() }
 	}
-	a, err := caching.New(dev, cfg, caching.WithSink(sink), caching.WithClock(now))
+	gate := &gate{}
+	a, err := caching.New(dev, cfg, caching.WithSink(gate), caching.WithClock(now))
 	if err != nil {
-		w.Abort()
 		return out, err
 	}
+	initial, workload := gpu.NewLayout(cfg.Rules), rec.Workload
+	if rec.Replay != nil {
+		if initial, workload, err = startReplay(a, rec.Replay); err != nil {
+			return out, err
+		}
+	}
+	source := rec.Source
+	if source == "" {
+		source = gpu.SourceTrace
+	}
+	meta := gpu.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
+		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}
+	w, err := db.CreateTrace(meta, initial)
+	if err != nil {
+		return out, err
+	}
+	var local gpu.Recorder = w
+	var stream *live.Client
+	if rec.Live != "" {
+		opt := live.ClientOptions{Meta: meta}
+		if len(initial.Segments) > 0 {
+			if opt.Snapshot, err = json.Marshal(map[string]any{"segments": segmentsJSON(initial.Segments)}); err != nil {
+				w.Abort()
+				return out, err
+			}
+		}
+		if stream, err = live.Dial(rec.Live, rec.Token, opt); err != nil {
+			w.Abort()
+			return out, err
+		}
+		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
+		local = stream.Tee(w)
+	}
+	f := initial.Figures()
+	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}
+	gate.open(sink, a.Seq())
 	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch}
 
 	done := make(chan struct{})
@@ -148,7 +224,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 			}
 		}()
 	}
-	runErr := tracer.Run(ctx, rec.Workload, env)
+	runErr := tracer.Run(ctx, workload, env)
 	close(done)
 	var oom *caching.OutOfMemoryError
 	status := gpu.StatusComplete

@@ -7,7 +7,6 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
-	"vramscope/gpu/sim"
 	"vramscope/replay"
 )
 
@@ -16,19 +15,23 @@ func init() {
 }
 
 // defaultCapacity is the simulated device's memory when none is given: an
-// 80 GiB card such as the A100 or H100.
+// 80 GiB card such as the A100 or H100 (replay.DefaultCapacity).
 const defaultCapacity = "80GiB"
+
+// capacityHelp is the --capacity flag's help of the replaying commands.
+const capacityHelp = "simulated device memory (default: the trace's device, or what the recording implies: its OOM, its free-and-retry paths; else 80GiB)"
 
 func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", stderr)
-	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
-	capacity := fs.String("capacity", "", "simulated device memory (default: the trace's device, or an estimate from a snapshot's OOM, else "+defaultCapacity+")")
+	conf := fs.String("alloc-conf", "", "allocator settings set on top of the recorded ones, PYTORCH_CUDA_ALLOC_CONF syntax")
+	capacity := fs.String("capacity", "", capacityHelp)
 	dbPath := fs.String("db", defaultDB, "SQLite database, when replaying a stored TRACE")
 	device := fs.Int("device", -1, "snapshot device (default: the one with the most events)")
 	asJSON := fs.Bool("json", false, "print stats, OOMs and segments as JSON")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope replay FILE|TRACE [--alloc-conf STR] [--capacity SIZE] [--json]")
+		fmt.Fprintln(stderr, "usage: vramscope replay FILE|TRACE [--alloc-conf STR] [--capacity SIZE] [--device N] [--json]")
 		fmt.Fprintln(stderr, "FILE is an RMM logging_resource_adaptor CSV log or a PyTorch memory snapshot; TRACE a stored trace id.")
+		fmt.Fprintln(stderr, "A snapshot or trace replays from its starting layout at its recorded addresses, under its recorded settings.")
 		fs.PrintDefaults()
 	}
 	pos, err := parseTraceArgs(fs, args)
@@ -38,35 +41,26 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
 		return usagef("want one FILE, got %d arguments", len(pos))
 	}
-	cfg, err := caching.ParseConfig(*conf)
-	if err != nil {
+	if _, err := caching.ParseConfig(*conf); err != nil {
 		return usagef("--alloc-conf: %v", err)
 	}
-	stream, err := requestStream(pos[0], *dbPath, *device)
+	stream, err := openStream(pos[0], *dbPath, *device, *capacity)
 	if err != nil {
 		return err
 	}
-	cap := stream.Capacity
-	if *capacity != "" || cap == 0 {
-		if *capacity == "" {
-			*capacity = defaultCapacity
-		}
-		if cap, err = gpu.ParseBytes(*capacity); err != nil {
-			return usagef("--capacity: %v", err)
-		}
-	}
-	dev := sim.New(cap)
-	a, err := caching.New(dev, cfg)
+	cfg, err := stream.Config(*conf)
 	if err != nil {
 		return err
 	}
-	res, err := replay.Replay(a, stream.Requests, nil)
+	a, res, err := stream.Run(cfg, stream.Capacity.Bytes)
 	if err != nil {
 		return err
 	}
 	if *asJSON {
-		return writeReplayJSON(stdout, a, res)
+		return writeReplayJSON(stdout, a, res, stream.Capacity)
 	}
+	fmt.Fprintf(stdout, "%d requests replayed on a simulated device: %s\n", len(stream.Requests), stream.Capacity)
+	fmt.Fprintf(stdout, "settings: %s\n", settingsText(cfg.String(), stream.Settings))
 	for _, o := range res.OOMs {
 		fmt.Fprintf(stdout, "OOM at request %d (%d bytes): %s\n", o.Index, o.Size, o.Message)
 	}
@@ -74,11 +68,24 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "%d frees of allocations the log never made (or that failed) were ignored\n", res.UnmatchedFrees)
 	}
 	st := a.Stats()
-	fmt.Fprint(stdout, st.Summary(dev.Ordinal(), false))
+	fmt.Fprint(stdout, st.Summary(a.Device().Ordinal(), false))
 	return nil
 }
 
+// settingsText names the settings a replay ran under and the recorded ones.
+func settingsText(used, recorded string) string {
+	if used == "" {
+		used = "(defaults)"
+	}
+	if rec, err := caching.ParseConfig(recorded); err == nil && rec.String() != "" {
+		return used + " (recorded: " + rec.String() + ")"
+	}
+	return used
+}
+
 type replayJSON struct {
+	Capacity replay.Capacity  `json:"capacity"`
+	Settings string           `json:"alloc_conf"`
 	Stats    map[string]int64 `json:"stats"`
 	OOMs     []replay.OOM     `json:"ooms"`
 	Segments []segmentJSON    `json:"segments"`
@@ -112,9 +119,9 @@ func segmentsJSON(segs []gpu.Segment) []segmentJSON {
 	return out
 }
 
-func writeReplayJSON(w io.Writer, a *caching.Allocator, res replay.Result) error {
+func writeReplayJSON(w io.Writer, a *caching.Allocator, res replay.Result, capacity replay.Capacity) error {
 	st := a.Stats()
-	out := replayJSON{Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Snapshot())}
+	out := replayJSON{Capacity: capacity, Settings: a.Config().String(), Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Snapshot())}
 	if out.OOMs == nil {
 		out.OOMs = []replay.OOM{}
 	}

@@ -7,10 +7,30 @@ import (
 	"io"
 	"os"
 
+	"vramscope/gpu"
 	"vramscope/pytorch"
 	"vramscope/replay"
 	"vramscope/store"
 )
+
+// openStream reads a request stream (see requestStream) and settles the
+// device it replays on: capacity (a --capacity flag) when given, else what
+// the recording says or implies, else defaultCapacity.
+func openStream(arg, dbPath string, device int, capacity string) (replay.Stream, error) {
+	var given uint64
+	if capacity != "" {
+		var err error
+		if given, err = gpu.ParseBytes(capacity); err != nil {
+			return replay.Stream{}, usagef("--capacity: %v", err)
+		}
+	}
+	s, err := requestStream(arg, dbPath, device)
+	if err != nil {
+		return s, err
+	}
+	s.Use(given, replay.DefaultCapacity)
+	return s, nil
+}
 
 // requestStream reads a request stream from a stored trace id or a file: an
 // RMM log or a PyTorch snapshot (one device: the given one, or the busiest).

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strconv"
 
 	"vramscope/gpu"
 	"vramscope/replay"
@@ -32,8 +33,8 @@ func incidentPermalink(db *store.DB, traceID string, n int) (string, error) {
 func runTrace(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("trace", stderr)
 	workload := fs.String("workload", "train", "train, serve-kv, frag or replay (replay takes a FILE)")
-	device := fs.String("device", "sim", "sim (simulated) or cuda (the real GPU 0: memory is really taken and touched)")
-	capacity := fs.String("capacity", defaultCapacity, "simulated device memory (--device sim)")
+	device := fs.String("device", "sim", "sim (simulated) or cuda (the real GPU 0: memory is really taken and touched); with --workload replay, N: the snapshot's device N, on the simulated device")
+	capacity := fs.String("capacity", defaultCapacity, "simulated device memory (--device sim); a replay's default is what its recording says or implies")
 	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
 	dbPath := fs.String("db", defaultDB, "SQLite database")
 	name := fs.String("name", "", "trace name (default: the workload and settings)")
@@ -68,6 +69,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	var w tracer.Workload
+	var rs *replay.Stream
 	switch *workload {
 	case "train":
 		train.Seed = *seed
@@ -89,18 +91,22 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		if len(pos) != 1 {
 			return usagef("--workload replay takes one FILE (an RMM log or a PyTorch snapshot) or a stored TRACE id")
 		}
-		stream, err := requestStream(pos[0], *dbPath, -1)
+		snapDevice := -1
+		if n, err := strconv.Atoi(*device); err == nil {
+			snapDevice, *device = n, "sim"
+		}
+		given := ""
+		if flagSet(fs, "capacity") {
+			given = *capacity
+		}
+		stream, err := openStream(pos[0], *dbPath, snapDevice, given)
 		if err != nil {
 			return err
 		}
 		pos = nil
-		w = tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
-			res, err := replay.Replay(env.Alloc, stream.Requests, func(t int64) { env.Clock.US = t })
-			if err == nil && len(res.OOMs) > 0 {
-				return res.OOMs[0].Err
-			}
-			return err
-		})
+		rs = &stream
+		*capacity = strconv.FormatUint(stream.Capacity.Bytes, 10)
+		fmt.Fprintf(stderr, "replaying %d requests: %s\n", len(stream.Requests), stream.Capacity)
 	default:
 		return usagef("unknown --workload %q (train, serve-kv, frag or replay)", *workload)
 	}
@@ -128,7 +134,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if *quiet {
 		progress = nil
 	}
-	res, err := record(ctx, db, recording{Name: *name, Workload: w, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}, progress)
+	res, err := record(ctx, db, recording{Name: *name, Workload: w, Replay: rs, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}, progress)
 	if err != nil {
 		return err
 	}

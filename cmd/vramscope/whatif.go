@@ -4,10 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 
 	"vramscope/gpu"
 	"vramscope/incident"
+	"vramscope/replay"
 )
 
 func init() {
@@ -16,13 +18,15 @@ func init() {
 
 func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("whatif", stderr)
-	capacity := fs.String("capacity", "", "simulated device memory (default: the trace's device, or an estimate from its OOM, else "+defaultCapacity+")")
-	asJSON := fs.Bool("json", false, "print the table as JSON")
+	capacity := fs.String("capacity", "", capacityHelp)
+	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	dbPath := fs.String("db", defaultDB, "SQLite database holding TRACE")
 	device := fs.Int("device", -1, "snapshot device (default: the one with the most events)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope whatif TRACE|FILE [--capacity SIZE] [--json]")
+		fmt.Fprintln(stderr, "usage: vramscope whatif TRACE|FILE [--capacity SIZE] [--device N] [--json]")
 		fmt.Fprintln(stderr, "TRACE is a stored trace id; FILE is an RMM log or a PyTorch snapshot.")
+		fmt.Fprintln(stderr, "Replays it under its recorded settings and under each usual cure for fragmentation: which OOMs each")
+		fmt.Fprintln(stderr, "would have served, and the smallest device on which each runs the whole stream.")
 		fs.PrintDefaults()
 	}
 	pos, err := parseTraceArgs(fs, args)
@@ -32,20 +36,11 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
 		return usagef("want one TRACE or FILE, got %d arguments", len(pos))
 	}
-	stream, err := requestStream(pos[0], *dbPath, *device)
+	stream, err := openStream(pos[0], *dbPath, *device, *capacity)
 	if err != nil {
 		return err
 	}
-	if *capacity != "" {
-		if stream.Capacity, err = gpu.ParseBytes(*capacity); err != nil {
-			return usagef("--capacity: %v", err)
-		}
-		stream.CapacityEstimated = false
-	}
-	if stream.Capacity == 0 {
-		stream.Capacity, _ = gpu.ParseBytes(defaultCapacity)
-	}
-	table, err := incident.Answer(stream, 0)
+	table, err := incident.Answer(stream)
 	if err != nil {
 		return err
 	}
@@ -55,9 +50,21 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
-	fmt.Fprintf(stdout, "%d requests replayed on a simulated %s device\n\n", table.Requests, gpu.FormatBytes(table.Capacity))
+	fmt.Fprintf(stdout, "%d requests replayed on a simulated device: %s\n", table.Requests, stream.Capacity)
+	switch len(table.OOMs) {
+	case 0:
+		fmt.Fprintln(stdout, "no OOM under the recorded settings")
+	default:
+		var at []string
+		for _, o := range table.OOMs {
+			at = append(at, fmt.Sprintf("request %d (%s)", o.Index, gpu.FormatBytes(o.Size)))
+		}
+		fmt.Fprintf(stdout, "original OOMs: %s\n", strings.Join(at, ", "))
+	}
+	fmt.Fprintln(stdout)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SETTINGS\tOOMS\tPEAK RESERVED\tFRAGMENTATION AT OOM\tOOM AVOIDED")
+	fmt.Fprintln(tw, "SETTINGS\tOOMS\tSERVED\tNEW OOMS\tPEAK RESERVED\tFRAGMENTATION AT OOM\tMEMORY NEEDED")
+	var failed []string
 	for i, r := range rows {
 		conf := r.AllocConf
 		if conf == "" {
@@ -66,13 +73,41 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		if i == 0 {
 			conf += " [original]"
 		}
-		avoided := "no"
-		if r.Avoided {
-			avoided = "yes"
-		} else if i == 0 || rows[0].OOMs == 0 {
-			avoided = "-"
+		served, fresh := "-", "-"
+		if i > 0 && len(table.OOMs) > 0 {
+			served = fmt.Sprintf("%d of %d", len(r.Avoided), len(table.OOMs))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%.1f%%\t%s\n", conf, r.OOMs, gpu.FormatBytes(r.PeakReserved), 100*r.FragmentationAtOOM, avoided)
+		if i > 0 {
+			fresh = fmt.Sprint(len(r.NewOOMs))
+		}
+		var frag []string
+		for _, f := range r.FragmentationAtOOM {
+			frag = append(frag, fmt.Sprintf("%.1f%%", 100*f))
+		}
+		if len(frag) > 3 {
+			frag = append(frag[:3], "…")
+		}
+		need := gpu.FormatBytes(r.CapacityNeeded)
+		if r.CapacityNeeded == 0 {
+			need = "> " + gpu.FormatBytes(replay.MaxCapacityNeeded)
+		}
+		if r.Err != "" {
+			need += " (*)"
+			failed = append(failed, fmt.Sprintf("(*) %s: %s", conf, r.Err))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", conf, len(r.OOMs), served, fresh, gpu.FormatBytes(r.PeakReserved),
+			strings.Join(frag, " "), need)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, f := range failed {
+		fmt.Fprintln(stdout, f)
+	}
+	for k := range table.OOMs {
+		f, _ := table.ForOOM(k)
+		fmt.Fprintf(stdout, "\nOOM at request %d: %s", f.Index, strings.Join(f.Sentences[:len(f.Sentences)-1], " "))
+	}
+	fmt.Fprintf(stdout, "\n%s\n", table.Needed())
+	return nil
 }

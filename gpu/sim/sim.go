@@ -57,6 +57,13 @@ type Device struct {
 	mallocCall int
 	mapCall    int
 
+	// A recording's addresses (see Recorded): queued by size for Malloc,
+	// in order for Reserve; above is where other calls are placed.
+	recMallocs  map[uint64][]uint64
+	recReserves []Span
+	recorded    bool
+	above       uint64
+
 	fenceSeq uint64
 	holdSeq  uint64
 	holds    map[int64]uint64    // held stream -> its hold id
@@ -100,6 +107,40 @@ func FailMap(calls ...int) Option {
 // gpu.ErrOutOfMemory, whatever the free memory.
 func FailAbove(size uint64) Option { return func(d *Device) { d.failAbove = size } }
 
+// Span is an address range a recording's driver handed out. For a
+// reservation, Page is the step by which it may start lower and Below,
+// when not 0, where it must end (see Recorded).
+type Span struct{ Addr, Size, Page, Below uint64 }
+
+// Recorded makes the device hand out a recording's addresses. The n-th
+// Malloc of a size gets the address of the n-th span of that size in
+// mallocs, when that range is still free. The n-th Reserve gets
+// reserves[n].Addr, whose Size says how far the recording used the
+// reservation; when the range it asks for would pass Below (the next
+// reservation the recording held at the same time: this device's
+// reservations can be larger than the recording's) or is taken, it starts
+// lower by whole Pages, as high as fits while it still covers the
+// recorded range. Every other call gets the lowest 2 MiB-aligned address
+// at least a page above every recorded range and a page away from every
+// range handed out, first fit: deterministic, and never where the
+// recording put something.
+func Recorded(mallocs, reserves []Span) Option {
+	return func(d *Device) {
+		d.recorded = true
+		d.recMallocs = map[uint64][]uint64{}
+		var top uint64
+		for _, s := range mallocs {
+			d.recMallocs[s.Size] = append(d.recMallocs[s.Size], s.Addr)
+			top = max(top, s.Addr+roundUp(s.Size))
+		}
+		d.recReserves = append([]Span(nil), reserves...)
+		for _, s := range reserves {
+			top = max(top, s.Addr+roundUp(s.Size))
+		}
+		d.above = roundUp(top) + Granularity
+	}
+}
+
 // New returns a simulated device with capacity bytes of memory.
 func New(capacity uint64, opts ...Option) *Device {
 	d := &Device{
@@ -121,7 +162,19 @@ func (d *Device) Name() string { return d.name }
 func (d *Device) Ordinal() int { return d.ordinal }
 
 // Capacity is the device's total memory.
-func (d *Device) Capacity() uint64 { return d.capacity }
+func (d *Device) Capacity() uint64 {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.capacity
+}
+
+// SetCapacity changes the device's memory from now on; what is handed
+// out stays.
+func (d *Device) SetCapacity(capacity uint64) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.capacity = capacity
+}
 
 // MemInfo reports capacity minus the bytes malloc'd and mapped.
 func (d *Device) MemInfo() (free, total uint64, err error) {
@@ -148,7 +201,7 @@ func roundUp(n uint64) uint64 { return (n + Granularity - 1) &^ (Granularity - 1
 
 // oom reports whether a request of size bytes must fail, and counts it.
 func (d *Device) oom(size uint64, injected bool) bool {
-	if injected || (d.failAbove > 0 && size > d.failAbove) || size > d.capacity-d.used {
+	if injected || (d.failAbove > 0 && size > d.failAbove) || d.used > d.capacity || size > d.capacity-d.used {
 		d.counts.OOMs++
 		return true
 	}
@@ -171,6 +224,83 @@ func fit(spans []span, base, end, placed, gap uint64) (uint64, int, bool) {
 	return 0, 0, false
 }
 
+// insertSpan adds s to the sorted spans.
+func insertSpan(spans *[]span, s span) {
+	i := sort.Search(len(*spans), func(i int) bool { return (*spans)[i].addr >= s.addr })
+	*spans = append(*spans, span{})
+	copy((*spans)[i+1:], (*spans)[i:])
+	(*spans)[i] = s
+}
+
+// popMalloc takes the next recorded address of a Malloc of size bytes, 0
+// when the recording has none left.
+func (d *Device) popMalloc(size uint64) uint64 {
+	q := d.recMallocs[size]
+	if len(q) == 0 {
+		return 0
+	}
+	d.recMallocs[size] = q[1:]
+	return q[0]
+}
+
+// vacant reports whether [addr, addr+placed) overlaps nothing handed out.
+func (d *Device) vacant(addr, placed uint64) bool {
+	for _, spans := range [2][]span{d.mallocs, d.reserves} {
+		i := sort.Search(len(spans), func(i int) bool { return spans[i].end() > addr })
+		if i < len(spans) && spans[i].addr < addr+placed {
+			return false
+		}
+	}
+	return true
+}
+
+// recordedPlace is where a call of a device with a recording's addresses
+// goes: want when it is a recorded address still free, else first fit
+// above the recording, a page away from both kinds of ranges.
+func (d *Device) recordedPlace(want, placed uint64) uint64 {
+	if want != 0 && d.vacant(want, placed) {
+		return want
+	}
+	at := d.above
+	for !d.vacant(at-Granularity, placed+2*Granularity) {
+		at = d.nextEnd(at-Granularity, placed+2*Granularity) + Granularity
+	}
+	return at
+}
+
+// recordedReserve places a Reserve of size bytes of a device with a
+// recording's addresses (see Recorded).
+func (d *Device) recordedReserve(size uint64) uint64 {
+	if len(d.recReserves) == 0 {
+		return d.recordedPlace(0, size)
+	}
+	r := d.recReserves[0]
+	d.recReserves = d.recReserves[1:]
+	for at := r.Addr; at+size >= r.Addr+r.Size; at -= r.Page {
+		if (r.Below == 0 || at+size <= r.Below) && d.vacant(at, size) {
+			return at
+		}
+		if r.Page == 0 || at < r.Page {
+			break
+		}
+	}
+	return d.recordedPlace(0, size)
+}
+
+// nextEnd is the end, rounded up to a page, of the lowest handed-out
+// range overlapping [addr, addr+size).
+func (d *Device) nextEnd(addr, size uint64) uint64 {
+	end := uint64(0)
+	lowest := ^uint64(0)
+	for _, spans := range [2][]span{d.mallocs, d.reserves} {
+		i := sort.Search(len(spans), func(i int) bool { return spans[i].end() > addr })
+		if i < len(spans) && spans[i].addr < addr+size && spans[i].addr < lowest {
+			lowest, end = spans[i].addr, roundUp(spans[i].end())
+		}
+	}
+	return end
+}
+
 func find(spans []span, addr uint64) (int, bool) {
 	i := sort.Search(len(spans), func(i int) bool { return spans[i].addr >= addr })
 	return i, i < len(spans) && spans[i].addr == addr
@@ -189,13 +319,16 @@ func (d *Device) Malloc(size uint64) (uint64, error) {
 		return 0, fmt.Errorf("sim: malloc of %d bytes: %w", size, gpu.ErrOutOfMemory)
 	}
 	placed := roundUp(size)
-	addr, i, ok := fit(d.mallocs, MallocBase, mallocEnd, placed, 0)
-	if !ok {
-		return 0, fmt.Errorf("sim: malloc of %d bytes: address space exhausted", size)
+	var addr uint64
+	if d.recorded {
+		addr = d.recordedPlace(d.popMalloc(size), placed)
+	} else {
+		var ok bool
+		if addr, _, ok = fit(d.mallocs, MallocBase, mallocEnd, placed, 0); !ok {
+			return 0, fmt.Errorf("sim: malloc of %d bytes: address space exhausted", size)
+		}
 	}
-	d.mallocs = append(d.mallocs, span{})
-	copy(d.mallocs[i+1:], d.mallocs[i:])
-	d.mallocs[i] = span{addr, size, placed}
+	insertSpan(&d.mallocs, span{addr, size, placed})
 	d.used += size
 	d.counts.Mallocs++
 	return addr, nil
@@ -225,15 +358,18 @@ func (d *Device) Reserve(size uint64) (uint64, error) {
 	if size == 0 || size%Granularity != 0 {
 		return 0, fmt.Errorf("sim: reserve of %d bytes: not a positive multiple of %d", size, Granularity)
 	}
-	// The first reservation starts at ReserveBase; each one keeps a page of
-	// gap before the next (hence size+Granularity to fit).
-	addr, i, ok := fit(d.reserves, ReserveBase, reserveEnd, size+Granularity, Granularity)
-	if !ok {
-		return 0, fmt.Errorf("sim: reserve of %d bytes: address space exhausted", size)
+	var addr uint64
+	if d.recorded {
+		addr = d.recordedReserve(size)
+	} else {
+		// The first reservation starts at ReserveBase; each one keeps a page of
+		// gap before the next (hence size+Granularity to fit).
+		var ok bool
+		if addr, _, ok = fit(d.reserves, ReserveBase, reserveEnd, size+Granularity, Granularity); !ok {
+			return 0, fmt.Errorf("sim: reserve of %d bytes: address space exhausted", size)
+		}
 	}
-	d.reserves = append(d.reserves, span{})
-	copy(d.reserves[i+1:], d.reserves[i:])
-	d.reserves[i] = span{addr, size, size}
+	insertSpan(&d.reserves, span{addr, size, size})
 	d.counts.Reserves++
 	return addr, nil
 }

@@ -374,3 +374,79 @@ func TestFences(t *testing.T) {
 		t.Errorf("counts %+v", c)
 	}
 }
+
+// A recording's addresses: mallocs by size in recorded order, a taken one
+// or an unrecorded call above every recorded range.
+func TestRecordedMallocs(t *testing.T) {
+	const base = 0x7f3a00000000
+	d := New(1<<30, Recorded([]Span{{Addr: base + 40*mib, Size: 20 * mib}, {Addr: base, Size: 20 * mib}, {Addr: base + 100*mib, Size: 2 * mib}}, nil))
+	if a := mustMalloc(t, d, 20*mib); a != base+40*mib {
+		t.Fatalf("first 20 MiB at %#x", a)
+	}
+	if a := mustMalloc(t, d, 2*mib); a != base+100*mib {
+		t.Fatalf("2 MiB at %#x", a)
+	}
+	// No recorded 6 MiB segment: above the recording, a page away.
+	above := uint64(base + 102*mib + Granularity)
+	if a := mustMalloc(t, d, 6*mib); a != above {
+		t.Fatalf("unrecorded malloc at %#x, want %#x", a, above)
+	}
+	if err := d.Free(base + 40*mib); err != nil {
+		t.Fatal(err)
+	}
+	// The second recorded 20 MiB address; then none are left.
+	if a := mustMalloc(t, d, 20*mib); a != base {
+		t.Fatalf("second 20 MiB at %#x", a)
+	}
+	if a := mustMalloc(t, d, 20*mib); a < above+6*mib+Granularity {
+		t.Fatalf("third 20 MiB at %#x, inside what was handed out", a)
+	}
+	checkFree(t, d, 1<<30-48*mib)
+}
+
+// A recorded address still taken (a run under other settings) goes above.
+func TestRecordedAddressTaken(t *testing.T) {
+	const base = 0x7f3a00000000
+	d := New(1<<30, Recorded([]Span{{Addr: base, Size: 20 * mib}, {Addr: base, Size: 20 * mib}}, nil))
+	first := mustMalloc(t, d, 20*mib)
+	second := mustMalloc(t, d, 20*mib)
+	if first != base || second < base+20*mib+Granularity {
+		t.Fatalf("at %#x then %#x", first, second)
+	}
+}
+
+// Reservations go to their recorded address, lower by whole pages when the
+// one recorded above (held at the same time) would be overlapped.
+func TestRecordedReserves(t *testing.T) {
+	const base = 0x7e1000000000
+	d := New(1<<30, Recorded(nil, []Span{
+		{Addr: base + 200*mib, Size: 60 * mib, Page: 20 * mib, Below: base + 1200*mib},
+		{Addr: base + 1200*mib, Size: 2 * mib, Page: 2 * mib},
+	}))
+	// 1.2 GiB does not fit between the two: it starts 200 MiB lower.
+	a, err := d.Reserve(1200 * mib)
+	if err != nil || a != base {
+		t.Fatalf("Reserve = %#x, %v; want %#x", a, err, uint64(base))
+	}
+	b, err := d.Reserve(4 * mib)
+	if err != nil || b != base+1200*mib {
+		t.Fatalf("Reserve = %#x, %v", b, err)
+	}
+	if err := d.Map(a, 20*mib); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, d, 1<<30-20*mib)
+}
+
+// SetCapacity changes what later calls may take; what is out stays.
+func TestSetCapacity(t *testing.T) {
+	d := New(10 * mib)
+	mustMalloc(t, d, 8*mib)
+	d.SetCapacity(4 * mib)
+	if _, err := d.Malloc(mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+		t.Fatalf("malloc over a lowered capacity: %v", err)
+	}
+	d.SetCapacity(20 * mib)
+	mustMalloc(t, d, 10*mib)
+	checkFree(t, d, 2*mib)
+}

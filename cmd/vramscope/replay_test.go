@@ -1,0 +1,271 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"vramscope/gpu"
+	"vramscope/internal/testkit"
+	"vramscope/pytorch"
+	"vramscope/replay"
+	"vramscope/store"
+)
+
+var realSnapshots = filepath.Join("..", "..", "..", "shared", "testdata", "pytorch")
+
+// snapshotTrace decodes a real snapshot's device trace (-1: the busiest).
+func snapshotTrace(t *testing.T, file string, device int) *pytorch.Trace {
+	t.Helper()
+	f, err := os.Open(filepath.Join(realSnapshots, file))
+	if err != nil {
+		t.Skipf("%s: %v", file, err)
+	}
+	defer f.Close()
+	tr, err := decodeSnapshotDevice(f, device)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	return tr
+}
+
+// replayedJSON is what replay --json prints, its segments as a layout's.
+type replayedJSON struct {
+	Capacity struct {
+		Bytes  uint64 `json:"bytes"`
+		Source string `json:"source"`
+	} `json:"capacity"`
+	Settings string        `json:"alloc_conf"`
+	Segments []segmentJSON `json:"segments"`
+}
+
+func (r replayedJSON) layout() []gpu.Segment {
+	var segs []gpu.Segment
+	for _, s := range r.Segments {
+		seg := gpu.Segment{Addr: s.Address, Size: s.TotalSize}
+		for _, b := range s.Blocks {
+			st, _ := gpu.ParseBlockState(b.State)
+			seg.Blocks = append(seg.Blocks, gpu.Block{Size: b.Size, State: st})
+		}
+		segs = append(segs, seg)
+	}
+	return segs
+}
+
+// segmentShape is a layout's segments as sizes and block sizes/states.
+func segmentShape(segs []gpu.Segment) string {
+	var b strings.Builder
+	for _, s := range segs {
+		fmt.Fprintf(&b, "%#x:%d[", s.Addr, s.Size)
+		for _, bl := range s.Blocks {
+			fmt.Fprintf(&b, "%d/%v ", bl.Size, bl.State)
+		}
+		b.WriteString("] ")
+	}
+	return b.String()
+}
+
+// `vramscope replay FILE`, no flags, ends in the segments PyTorch dumped.
+func TestReplaySnapshotEndsInItsSegments(t *testing.T) {
+	for _, c := range []struct {
+		file     string
+		device   string
+		capacity string
+	}{
+		{"oom_nonexpandable.json", "", "capacity 21.94 GiB, inferred from the OOM at event 1117"},
+		{"no_time_us_segment_churn.pickle", "", "capacity 21.01 GiB, inferred from 39 retries"},
+		{"training_22k_user_metadata.pickle", "", "capacity 80.00 GiB, a default"},
+		{"expandable_oom_multigpu.pickle", "0", "capacity 79.17 GiB, the most the address space reserved"},
+		{"expandable_oom_multigpu.pickle", "1", "capacity 78.51 GiB, inferred from the OOM at event 421"},
+		{"expandable_oom_multigpu.pickle", "2", "capacity 79.17 GiB"},
+	} {
+		dev := -1
+		args := []string{"replay", filepath.Join(realSnapshots, c.file)}
+		if c.device != "" {
+			fmt.Sscan(c.device, &dev)
+			args = append(args, "--device", c.device)
+		}
+		_, text, _ := runCmd(args...)
+		if !strings.Contains(text, c.capacity) {
+			t.Errorf("%v says\n%.300s\nwant %q", args, text, c.capacity)
+		}
+		args = append(args, "--json")
+		want := snapshotTrace(t, c.file, dev)
+		code, out, errs := runCmd(args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d %s", args, code, errs)
+		}
+		var got replayedJSON
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatal(err)
+		}
+		segs := got.layout()
+		if g, w := segmentShape(segs), segmentShape(want.Final.Segments); g != w {
+			t.Errorf("%v: %d segments, want %d:\n%.400s\nwant\n%.400s", args, len(segs), len(want.Final.Segments), g, w)
+		}
+		if got.Settings != want.Settings.Conf {
+			t.Errorf("%v: replayed under %q, recorded %q", args, got.Settings, want.Settings.Conf)
+		}
+	}
+}
+
+// --alloc-conf sets its keys on top of the recorded settings; --capacity
+// overrides what the recording implies, and says so.
+func TestReplayOverrides(t *testing.T) {
+	file := filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle")
+	code, out, errs := runCmd("replay", file, "--device", "1", "--alloc-conf", "max_split_size_mb:128", "--capacity", "100GiB")
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	for _, want := range []string{
+		"settings: expandable_segments:True,max_split_size_mb:128 (recorded: expandable_segments:True)",
+		"capacity 100.00 GiB, as given (the recording implies 78.51 GiB)",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in\n%.600s", want, out)
+		}
+	}
+	if strings.Contains(out, "OOM at request") {
+		t.Errorf("an OOM on 100 GiB:\n%.600s", out)
+	}
+	if code, _, errs := runCmd("replay", file, "--device", "7"); code != 2 || !strings.Contains(errs, "no device 7") {
+		t.Errorf("--device 7: exit %d %s", code, errs)
+	}
+}
+
+// trace --workload replay stores a snapshot's device trace again: from its
+// starting layout, the same events, ending in the same segments.
+func TestTraceWorkloadReplay(t *testing.T) {
+	want := snapshotTrace(t, "no_time_us_segment_churn.pickle", -1)
+	db := filepath.Join(t.TempDir(), "r.db")
+	code, out, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"), "--db", db, "--quiet")
+	if code != 0 || !strings.Contains(errs, "capacity 21.01 GiB, inferred from 39 retries") {
+		t.Fatalf("exit %d %s\n%s", code, errs, out)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	traces, _ := s.Traces()
+	if len(traces) != 1 {
+		t.Fatalf("%d traces", len(traces))
+	}
+	tr := traces[0]
+	if tr.Events != int64(len(want.Events)) || tr.FirstSeq != 0 || tr.OOMs != 0 {
+		t.Errorf("stored %d events from %d, want %d from 0", tr.Events, tr.FirstSeq, len(want.Events))
+	}
+	first, _, err := s.LayoutAtSeq(tr.ID, -1)
+	if err != nil || segmentShape(first.Segments) != segmentShape(want.Initial.Segments) {
+		t.Errorf("the stored trace does not start from the snapshot's starting layout: %v", err)
+	}
+	last, _, err := s.LayoutAtSeq(tr.ID, tr.LastSeq)
+	if err != nil || segmentShape(last.Segments) != segmentShape(want.Final.Segments) {
+		t.Errorf("the stored trace does not end in the snapshot's segments: %v", err)
+	}
+	events, err := s.Events(tr.ID, 0, tr.LastSeq+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, e := range events {
+		w := want.Events[i]
+		if e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.Stream != w.Stream {
+			t.Fatalf("event %d: stored %v, snapshot %v", i, e, w)
+		}
+	}
+	if code, _, errs := runCmd("trace", "--workload", "frag", "--device", "1", "--db", db); code != 2 || !strings.Contains(errs, "--device must be sim or cuda") {
+		t.Errorf("--device 1 without a replay: exit %d %s", code, errs)
+	}
+	// --device N picks a snapshot's device: device 1 of the multi-GPU file
+	// ran out of memory, and so does its replay, at the same event.
+	one := snapshotTrace(t, "expandable_oom_multigpu.pickle", 1)
+	code, out, errs = runCmd("trace", "--workload", "replay", "--device", "1", filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle"), "--db", db, "--quiet")
+	if code != 0 || !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 4.95 GiB") {
+		t.Fatalf("--device 1: exit %d %s\n%s", code, errs, out)
+	}
+	traces, _ = s.Traces()
+	var replayed gpu.Trace
+	for _, x := range traces {
+		if x.ID != tr.ID {
+			replayed = x
+		}
+	}
+	incidents, err := s.Incidents(replayed.ID)
+	if err != nil || len(incidents) != 1 || incidents[0].Seq != 421 || replayed.Settings != "expandable_segments:True" || replayed.Events != int64(len(one.Events)) || incidents[0].DeviceFree != 95682560 {
+		t.Errorf("replayed device 1: %+v, incidents %+v %v (snapshot: %d events, OOM at 421)", replayed, incidents, err, len(one.Events))
+	}
+}
+
+// A snapshot imported into the store replays from the store as it does
+// from its file.
+func TestReplayImportedSnapshot(t *testing.T) {
+	file := filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle")
+	want := snapshotTrace(t, "no_time_us_segment_churn.pickle", -1)
+	db := filepath.Join(t.TempDir(), "i.db")
+	if code, _, errs := runCmd("import", file, "--db", db); code != 0 {
+		t.Fatalf("import: exit %d %s", code, errs)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	traces, _ := s.Traces()
+	s.Close()
+	code, out, errs := runCmd("replay", "--db", db, "--json", "--trace", traces[0].ID)
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	var got replayedJSON
+	if err := json.Unmarshal([]byte(out), &got); err != nil {
+		t.Fatal(err)
+	}
+	segs := got.layout()
+	if segmentShape(segs) != segmentShape(want.Final.Segments) || got.Capacity.Source != "retries" {
+		t.Errorf("the stored trace replays to %d segments (capacity from %q), want %d", len(segs), got.Capacity.Source, len(want.Final.Segments))
+	}
+}
+
+// The issue's example: scenario D, then a real shortage (50 MiB asked
+// with 18 MiB live on the 60 MiB device). Expandable segments serve the
+// first OOM, not the second.
+func TestWhatIfPerOOMFromALog(t *testing.T) {
+	reqs := append(testkit.ScenarioD(), replay.Request{Op: replay.OpMalloc, ID: 11, Size: 50 * testkit.MiB})
+	path := filepath.Join(t.TempDir(), "d50.csv")
+	if err := os.WriteFile(path, []byte(testkit.RMMLog(reqs)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs := runCmd("whatif", path, "--capacity", "60MiB", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	var rows []struct {
+		AllocConf string `json:"alloc_conf"`
+		OOMs      []struct {
+			Index int `json:"index"`
+		} `json:"ooms"`
+		Avoided        []int  `json:"avoided"`
+		NewOOMs        []int  `json:"new_ooms"`
+		CapacityNeeded uint64 `json:"capacity_needed"`
+	}
+	if err := json.Unmarshal([]byte(out), &rows); err != nil {
+		t.Fatal(err)
+	}
+	if len(rows[0].OOMs) != 2 || rows[1].AllocConf != "expandable_segments:True" ||
+		fmt.Sprint(rows[1].Avoided, rows[1].NewOOMs, len(rows[1].OOMs)) != "[15] [] 1" ||
+		rows[0].CapacityNeeded != 120*testkit.MiB || rows[1].CapacityNeeded != 100*testkit.MiB {
+		t.Errorf("rows %+v", rows)
+	}
+	_, text, _ := runCmd("whatif", path, "--capacity", "60MiB")
+	for _, want := range []string{
+		"OOM at request 15: expandable_segments:True would have served this request.",
+		"OOM at request 16: None of the settings tried would have served this request.",
+		"Needs 120.00 MiB with the recorded settings, 100.00 MiB with expandable_segments:True (the device has 60.00 MiB).",
+	} {
+		if !strings.Contains(text, want) {
+			t.Errorf("no %q in\n%s", want, text)
+		}
+	}
+}
