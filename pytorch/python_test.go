@@ -297,10 +297,10 @@ func canon(v any) string {
 		return "(" + canonList(x) + ")"
 	case ogórek.Tuple:
 		return "(" + canonList(x) + ")"
-	case map[string]any:
+	case Dict:
 		m := map[any]any{}
-		for k, v := range x {
-			m[k] = v
+		for _, kv := range x {
+			m[kv.Key] = kv.Value
 		}
 		return canonMap(m)
 	case map[any]any:

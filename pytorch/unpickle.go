@@ -131,6 +131,10 @@ type decoder struct {
 	scratch   []byte
 	extras    []EventExtra
 	extraIdx  map[extraKey]uint32
+	orderBuf  []byte
+	keyOrders []string          // distinct key orders of trace entries, as string ids
+	orderIdx  map[string]uint32 // index+1 in keyOrders
+	forms     map[string]*Form  // forms without values, by their keys
 	actionOf  map[uint32]gpu.Action
 	wideLines int // frame lines beyond 64 bits, clamped
 
@@ -144,6 +148,7 @@ type decoder struct {
 type frameKey struct {
 	name, file uint32
 	line       uint64
+	extra      string // canonical text of the keys beyond name, filename, line
 }
 
 func newDecoder(r io.Reader, snap bool) *decoder {
@@ -159,6 +164,8 @@ func newDecoder(r io.Reader, snap bool) *decoder {
 		d.frameIdx = map[frameKey]uint32{}
 		d.stackIdx = map[string]gpu.StackID{"": 0}
 		d.extraIdx = map[extraKey]uint32{}
+		d.orderIdx = map[string]uint32{}
+		d.forms = map[string]*Form{}
 		d.actionOf = map[uint32]gpu.Action{}
 		for a := gpu.ActionAlloc; a <= gpu.ActionOOM; a++ {
 			d.actionOf[d.intern([]byte(a.String()))] = a

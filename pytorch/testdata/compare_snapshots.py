@@ -1,0 +1,63 @@
+"""Compares PyTorch memory snapshots as Python values, standard library only.
+
+Usage: compare_snapshots.py ORIGINAL COPY [ORIGINAL COPY ...]
+
+Prints one JSON object: for each COPY, "equal" (the two unpickle to equal
+values, ==), "diffs" (paths where the values differ, at most 20) and
+"order" (paths of dicts whose keys come in another order, at most 20).
+Opcodes that import or call code are refused before anything is loaded.
+"""
+import io, json, pickle, pickletools, sys
+
+REFUSED = {"GLOBAL", "STACK_GLOBAL", "REDUCE", "BUILD", "INST", "OBJ", "NEWOBJ", "NEWOBJ_EX",
+           "PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4"}
+
+
+def load(path):
+    data = open(path, "rb").read()
+    if data[:1] in (b"{", b"["):
+        return json.loads(data)
+    used = {op.name for op, _, _ in pickletools.genops(io.BytesIO(data))}
+    if used & REFUSED:
+        raise SystemExit("%s uses %s" % (path, sorted(used & REFUSED)))
+    return pickle.loads(data)
+
+
+def walk(a, b, path, diffs, order):
+    if len(diffs) >= 20:
+        return
+    if type(a) is not type(b):
+        diffs.append("%s: %s %r, then %s %r" % (path, type(a).__name__, short(a), type(b).__name__, short(b)))
+    elif isinstance(a, dict):
+        if list(a) != list(b) and set(a) == set(b) and len(order) < 20:
+            order.append("%s: %s, then %s" % (path, list(a), list(b)))
+        for k in a:
+            if k not in b:
+                diffs.append("%s: key %r missing" % (path, k))
+            else:
+                walk(a[k], b[k], "%s[%r]" % (path, k), diffs, order)
+        for k in b:
+            if k not in a:
+                diffs.append("%s: key %r added (%r)" % (path, k, short(b[k])))
+    elif isinstance(a, (list, tuple)):
+        if len(a) != len(b):
+            diffs.append("%s: %d items, then %d" % (path, len(a), len(b)))
+        for i, (x, y) in enumerate(zip(a, b)):
+            walk(x, y, "%s[%d]" % (path, i), diffs, order)
+    elif a != b:
+        diffs.append("%s: %r, then %r" % (path, short(a), short(b)))
+
+
+def short(v):
+    r = repr(v)
+    return r if len(r) < 80 else r[:77] + "..."
+
+
+out = {}
+args = sys.argv[1:]
+for orig, copy in zip(args[::2], args[1::2]):
+    a, b = load(orig), load(copy)
+    diffs, order = [], []
+    walk(a, b, "", diffs, order)
+    out[copy] = {"equal": a == b, "diffs": diffs, "order": order}
+json.dump(out, sys.stdout, indent=1)
