@@ -13,10 +13,11 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 )
 
 func readReal(t testing.TB, name string) []byte {
-	b, err := os.ReadFile(filepath.Join(realDir(t), name))
+	b, err := os.ReadFile(filepath.Join(testkit.RealSnapshots(t), name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +200,7 @@ func TestMismatchRecordedNotFatal(t *testing.T) {
 }
 
 func TestExportRoundTripRealFiles(t *testing.T) {
-	dir := realDir(t)
+	dir := testkit.RealSnapshots(t)
 	for name := range expected {
 		raw, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {

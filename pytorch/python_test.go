@@ -14,29 +14,10 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 
 	ogórek "github.com/kisielk/og-rek"
 )
-
-// python3 runs a script with CPython's standard pickle module; missing
-// python3 fails the test in CI and skips it elsewhere.
-func python3(t *testing.T, script string, args ...string) []byte {
-	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is needed for this test")
-		}
-		t.Skip("python3 is not installed")
-	}
-	cmd := exec.Command("python3", append([]string{"-c", script}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python3: %v\n%s", err, stderr.String())
-	}
-	return out
-}
 
 // figuresScript prints per-device figures of each snapshot named on the
 // command line, computed with the standard pickle module.
@@ -83,7 +64,7 @@ func goFigures(traces []*Trace) map[string]pyFigures {
 
 // Every real file, and our export of it, give the figures CPython gives.
 func TestAgainstCPythonPickle(t *testing.T) {
-	dir := realDir(t)
+	dir := testkit.RealSnapshots(t)
 	tmp := t.TempDir()
 	var paths []string
 	want := map[string]map[string]pyFigures{}
@@ -107,7 +88,7 @@ func TestAgainstCPythonPickle(t *testing.T) {
 	}
 	sort.Strings(paths)
 	var got map[string]map[string]pyFigures
-	if err := json.Unmarshal(python3(t, figuresScript, paths...), &got); err != nil {
+	if err := json.Unmarshal(testkit.Python3(t, figuresScript, paths...), &got); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range paths {
@@ -140,7 +121,7 @@ import pickletools, sys
 print(" ".join(sorted({op.name for op, _, _ in pickletools.genops(sys.stdin.buffer.read())})))`
 	cmd := exec.Command("python3", "-c", script)
 	if _, err := exec.LookPath("python3"); err != nil {
-		python3(t, "") // skips or fails as the environment says
+		testkit.Python3(t, "") // skips or fails as the environment says
 	}
 	cmd.Stdin = &out
 	res, err := cmd.Output()
@@ -158,9 +139,9 @@ print(" ".join(sorted({op.name for op, _, _ in pickletools.genops(sys.stdin.buff
 // Snapshots re-pickled with protocols 2, 3 and 5 (the C++ writer and
 // Python 3.14 write those) give the same traces.
 func TestOtherProtocols(t *testing.T) {
-	src := filepath.Join(realDir(t), "snapshot_action_entry.pickle")
+	src := filepath.Join(testkit.RealSnapshots(t), "snapshot_action_entry.pickle")
 	tmp := t.TempDir()
-	python3(t, `
+	testkit.Python3(t, `
 import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))
 for p in (2, 3, 5):
@@ -183,7 +164,7 @@ for p in (2, 3, 5):
 func TestOSSystemPickleRefused(t *testing.T) {
 	tmp := t.TempDir()
 	marker := filepath.Join(tmp, "ran")
-	python3(t, `
+	testkit.Python3(t, `
 import os, pickle, sys
 class Evil:
     def __reduce__(self):
@@ -212,7 +193,7 @@ for p in range(0, 6):
 // og-rek is the oracle for generic decoding of small pickles.
 func TestAgainstOgRek(t *testing.T) {
 	tmp := t.TempDir()
-	python3(t, `
+	testkit.Python3(t, `
 import pickle, sys
 shared = [1, 2]
 word = "repeated"

@@ -1,27 +1,12 @@
 package pytorch
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 )
-
-// realDir holds the real snapshots: ../../shared beside the checkout's
-// packages here, ../shared beside the clone in CI.
-func realDir(t testing.TB) string {
-	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch"} {
-		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
-			return dir
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
-	}
-	t.Skip("the real snapshots (shared/testdata/pytorch) are not here")
-	return ""
-}
 
 type fileFigures struct {
 	segments, blocks               int
@@ -49,7 +34,7 @@ var expected = map[string]fileFigures{
 }
 
 func TestRealSnapshots(t *testing.T) {
-	dir := realDir(t)
+	dir := testkit.RealSnapshots(t)
 	for name, want := range expected {
 		t.Run(name, func(t *testing.T) {
 			traces, err := DecodeFile(filepath.Join(dir, name))

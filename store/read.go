@@ -13,7 +13,8 @@ import (
 )
 
 const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
-	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us`
+	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us,
+	COALESCE((SELECT u.id FROM uploads u WHERE u.uid = traces.uid), '')`
 
 type scanner interface{ Scan(...any) error }
 
@@ -22,7 +23,7 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 	var tid, capacity, pr, pa, pc, created int64
 	var rules, source, status string
 	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
-		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created)
+		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created, &t.Upload)
 	if err != nil {
 		return 0, t, err
 	}

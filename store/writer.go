@@ -121,6 +121,7 @@ type pending struct {
 	bins        []binRow
 	classes     []binKey
 	incidents   []gpu.Incident
+	snapshot    snapshotRows
 	events      int
 }
 
@@ -131,6 +132,7 @@ type pending struct {
 type Writer struct {
 	db  *DB
 	tid int64
+	uid int64 // the trace's upload; 0: none
 	id  string
 
 	mu      sync.Mutex
@@ -205,10 +207,13 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	ck := appendLayout(nil, w.layout)
 	openBlob := w.openBlob()
 	err = db.write(func(tx *sql.Tx) error {
+		if w.uid, err = uploadKey(tx, meta.Upload); err != nil {
+			return err
+		}
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
-			peak_reserved, peak_allocated, peak_active) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			peak_reserved, peak_allocated, peak_active, uid) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active))
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active), w.uid)
 		if err != nil {
 			return err
 		}
@@ -532,14 +537,29 @@ func (w *Writer) Abort() error {
 	return w.db.write(func(tx *sql.Tx) error { return deleteTrace(tx, w.tid) })
 }
 
-var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open", "traces"}
+var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open",
+	"annotations", "event_extras", "event_extra_runs", "snapshot_segments", "traces"}
 
+// deleteTrace removes a trace, and its upload when no other trace is left
+// of it.
 func deleteTrace(tx *sql.Tx, tid int64) error {
+	var uid int64
+	if err := tx.QueryRow("SELECT uid FROM traces WHERE tid = ?", tid).Scan(&uid); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
 	if _, err := tx.Exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
 		return err
 	}
 	for _, t := range traceTables {
 		if _, err := tx.Exec("DELETE FROM "+t+" WHERE tid = ?", tid); err != nil {
+			return err
+		}
+	}
+	if uid == 0 {
+		return nil
+	}
+	for _, t := range []string{"annotations", "uploads"} {
+		if _, err := tx.Exec("DELETE FROM "+t+" WHERE uid = ? AND NOT EXISTS (SELECT 1 FROM traces WHERE uid = ?)", uid, uid); err != nil {
 			return err
 		}
 	}
@@ -612,6 +632,9 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 				return err
 			}
 		}
+	}
+	if err := b.snapshot.store(tx, tid, w.uid); err != nil {
+		return err
 	}
 	for _, in := range b.incidents {
 		if _, err := tx.Exec("INSERT OR REPLACE INTO incidents (tid, n, seq, time_us, size, device_free, stream, stack) VALUES (?,?,?,?,?,?,?,?)",
