@@ -256,6 +256,13 @@ func TestRefusedOpcodes(t *testing.T) {
 		"EXT1":         []byte("\x80\x04\x82\x01."),
 		"BINPERSID":    []byte("\x80\x04NQ."),
 		"NEXT_BUFFER":  []byte("\x80\x05\x97."),
+		// Protocols 0 and 1 have no PROTO; their dicts and lists start
+		// with MARK, EMPTY_DICT or EMPTY_LIST.
+		"INST":     []byte("(S'ls'\nios\nsystem\n."),
+		"OBJ":      []byte("(N(No."),
+		"PERSID":   []byte("]Pid\n."),
+		"GLOBAL ":  []byte("(dp0\nVsegments\np1\ncos\nsystem\n."),
+		"GLOBAL  ": []byte("}q\x00(X\x08\x00\x00\x00segmentsq\x01cposix\nsystem\nq\x02."),
 	}
 	for name, in := range cases {
 		for _, f := range []func() error{
@@ -263,7 +270,7 @@ func TestRefusedOpcodes(t *testing.T) {
 			func() error { _, err := Decode(bytes.NewReader(in)); return err },
 		} {
 			err := f()
-			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "byte offset") {
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), strings.TrimSpace(name)) || !strings.Contains(err.Error(), "byte offset") {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
@@ -353,5 +360,30 @@ func TestWideLines(t *testing.T) {
 	tr := decodeBytes(t, []byte(in))[0]
 	if len(tr.Warnings) != 1 || tr.Stack(tr.Segments[0].Stack)[0].Line != 1<<64-1 {
 		t.Errorf("warnings %v stacks %v", tr.Warnings, tr.Stacks)
+	}
+}
+
+// Protocol 0's text opcodes: Python 2's quoted STRING with its escapes,
+// and malformed or cut arguments named with their byte offset.
+func TestProtocol0Text(t *testing.T) {
+	v, err := Unpickle(strings.NewReader("(dp0\nS'k'\np1\nS'a\\n\\x41\\101\\'q'\np2\nsVx\\u00e9\nI01\ns."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Dict{{"k", "a\nAA'q"}, {"xé", true}}); !reflect.DeepEqual(v, want) {
+		t.Errorf("got %#v, want %#v", v, want)
+	}
+	for in, want := range map[string]string{
+		"(dp0\nS'k\np1\n":      "byte offset 5: STRING: the argument must be quoted",
+		"(S'\\xff'\n.":         "byte offset 1: STRING: malformed argument",
+		"(dp0\nVsegm":          "byte offset 5: input ends inside the argument of UNICODE",
+		"(dp0\nI12x\n":         "byte offset 5: INT: malformed argument",
+		"(lp0\ng7\n.":          "byte offset 5: GET: memo slot 7 was never set",
+		"\x80\x06}.":           "byte offset 0: pickle protocol 6 is not supported",
+		"}q\x00(X\x02\x00\x00": "byte offset 4: input ends inside the argument of BINUNICODE",
+	} {
+		if _, err := Unpickle(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
 	}
 }

@@ -2,7 +2,8 @@
 
 Usage: compare_snapshots.py ORIGINAL COPY [ORIGINAL COPY ...]
 
-Prints one JSON object: for each COPY, "equal" (the two unpickle to equal
+ORIGINAL@N compares COPY with device N of ORIGINAL alone: its segments,
+its trace (the others' traces empty) and its annotations. Prints one JSON object: for each COPY, "equal" (the two unpickle to equal
 values, ==), "diffs" (paths where the values differ, at most 20) and
 "order" (paths of dicts whose keys come in another order, at most 20).
 Opcodes that import or call code are refused before anything is loaded.
@@ -21,6 +22,16 @@ def load(path):
     if used & REFUSED:
         raise SystemExit("%s uses %s" % (path, sorted(used & REFUSED)))
     return pickle.loads(data)
+
+
+def only_device(s, n):
+    s = dict(s)
+    s["segments"] = [seg for seg in s["segments"] if seg["device"] == n]
+    if "device_traces" in s:
+        s["device_traces"] = [t if d == n else [] for d, t in enumerate(s["device_traces"])]
+    if "external_annotations" in s:
+        s["external_annotations"] = [a for a in s["external_annotations"] if a["device"] == n]
+    return s
 
 
 def walk(a, b, path, diffs, order):
@@ -56,7 +67,10 @@ def short(v):
 out = {}
 args = sys.argv[1:]
 for orig, copy in zip(args[::2], args[1::2]):
-    a, b = load(orig), load(copy)
+    path, _, device = orig.partition("@")
+    a, b = load(path), load(copy)
+    if device:
+        a = only_device(a, int(device))
     diffs, order = [], []
     walk(a, b, "", diffs, order)
     out[copy] = {"equal": a == b, "diffs": diffs, "order": order}
