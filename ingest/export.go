@@ -62,7 +62,7 @@ func Traces(db *store.DB, id string, device int) ([]*pytorch.Trace, error) {
 		}
 		anns = slices.DeleteFunc(anns, func(a gpu.Annotation) bool { return a.Device != device })
 	}
-	vals := valueCache{}
+	vals := newValueCache()
 	for _, a := range anns {
 		form, err := vals.form(a.Form)
 		if err != nil {
@@ -91,7 +91,7 @@ func Traces(db *store.DB, id string, device int) ([]*pytorch.Trace, error) {
 // readTrace reads one stored trace: its segments as the snapshot wrote
 // them (else its final layout), its events with their extras, and every
 // stack it has.
-func readTrace(db *store.DB, tr gpu.Trace, vals valueCache) (*pytorch.Trace, error) {
+func readTrace(db *store.DB, tr gpu.Trace, vals *valueCache) (*pytorch.Trace, error) {
 	t := &pytorch.Trace{Device: tr.DeviceOrdinal, HasTime: true,
 		Settings: pytorch.Settings{Conf: tr.Settings, Rules: tr.Rules}}
 	var err error
@@ -159,21 +159,41 @@ func readTrace(db *store.DB, tr gpu.Trace, vals valueCache) (*pytorch.Trace, err
 	return t, nil
 }
 
-// valueCache reads each distinct stored form once: dicts that share a
-// form share it again, and export writes its values once.
-type valueCache map[string]*pytorch.Form
+// valueCache reads each distinct stored form once, and shares the values
+// equal forms hold: a value that many entries share in the file is shared
+// again (the store keeps it once per distinct extra), so export writes it
+// once.
+type valueCache struct {
+	forms  map[string]*pytorch.Form
+	values map[string]any
+}
 
-func (c valueCache) form(text string) (*pytorch.Form, error) {
+func newValueCache() *valueCache {
+	return &valueCache{forms: map[string]*pytorch.Form{}, values: map[string]any{}}
+}
+
+func (c *valueCache) form(text string) (*pytorch.Form, error) {
 	if text == "" {
 		return nil, nil
 	}
-	if f, ok := c[text]; ok {
+	if f, ok := c.forms[text]; ok {
 		return f, nil
 	}
 	f, err := pytorch.ParseForm(text)
 	if err != nil {
 		return nil, err
 	}
-	c[text] = f
+	for i, kv := range f.Other {
+		key, err := pytorch.MarshalValue(kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		if v, ok := c.values[key]; ok {
+			f.Other[i].Value = v
+		} else {
+			c.values[key] = kv.Value
+		}
+	}
+	c.forms[text] = f
 	return f, nil
 }

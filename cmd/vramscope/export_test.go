@@ -325,3 +325,71 @@ func TestExportWorkloadFigures(t *testing.T) {
 		}
 	}
 }
+
+// newerSnapshot writes a snapshot with what no shared real file has:
+// keys vramscope does not know at every level, values it holds otherwise
+// (a stream beyond int64, a pool id as a list, an odd segment type, a
+// dict user_metadata, an unknown action), FX frame fields, frames written
+// in another key order, and one large unknown value that every trace
+// entry shares.
+const newerSnapshot = `
+import pickle, sys
+fx = {"name": "f", "filename": "a.py", "line": 3, "fx_node_op": "call_function", "fx_node_name": "mm"}
+old = {"filename": "b.py", "name": "g", "line": 4}
+shared = {"forward": ["layer%d" % i for i in range(5000)]}
+blocks = [
+    {"address": 4096, "size": 1024, "requested_size": 1000, "state": "active_pending_free", "frames": [fx, old], "tag": 1},
+    {"address": 5120, "size": 2096128, "requested_size": 17, "state": "inactive", "frames": []},
+]
+seg = {"device": 0, "address": 4096, "total_size": 2097152, "allocated_size": 0, "active_size": 1024, "requested_size": 0,
+       "stream": 2**63 + 5, "segment_type": "weird", "segment_pool_id": [1, 2], "is_expandable": False, "frames": [old],
+       "blocks": blocks, "x": (1, 2.5, None, b"\xff")}
+entries = [{"action": "alloc", "addr": 4096, "size": 1000, "stream": 2**63 + 5, "time_us": 10, "compile_context": "N/A",
+            "user_metadata": {"step": 1}, "pool_id": (1, 2), "shared": shared, "frames": [fx]}]
+for i in range(1000):
+    entries.append({"action": "annotate", "addr": 4096, "size": 0, "stream": 2**63 + 5, "time_us": 11 + i,
+                    "user_metadata": "note %d" % (i % 3), "shared": shared})
+entries.append({"action": "free_requested", "addr": 4096, "size": 1000, "stream": 2**63 + 5, "time_us": 2000, "frames": [fx]})
+snap = {"device_traces": [entries], "segments": [seg],
+        "allocator_settings": {"expandable_segments": False, "PYTORCH_CUDA_ALLOC_CONF": "", "future_key": [1, 2]},
+        "external_annotations": [{"stage": "START", "name": "fwd", "device": 0, "time_us": 9, "extra": {"k": 1}},
+                                 {"name": "fwd", "stage": "END", "device": 0, "time_us": 2001}],
+        "host_segments": [], "host_traces": [[{"action": "alloc", "addr": 1, "size": 2, "stream": 0, "time_us": 3}]]}
+pickle.dump(snap, open(sys.argv[1], "wb"), protocol=4)
+`
+
+// What no real file has survives import, store and export too, and a
+// large value that every trace entry shares is kept and written once.
+func TestExportKeepsWhatItDoesNotInterpret(t *testing.T) {
+	tmp := t.TempDir()
+	orig, out, db := filepath.Join(tmp, "newer.pickle"), filepath.Join(tmp, "out.pickle"), filepath.Join(tmp, "n.db")
+	testkit.Python3(t, newerSnapshot, orig)
+	ids := importJSON(t, orig, db)
+	if code, _, errs := runCmd("export", ids[0], "-o", out, "--db", db); code != 0 {
+		t.Fatal(errs)
+	}
+	var got map[string]comparison
+	if err := json.Unmarshal(testkit.Python3(t, compareScript(t), orig, out), &got); err != nil {
+		t.Fatal(err)
+	}
+	if c := got[out]; !c.Equal || len(c.Diffs) > 0 || len(c.Order) > 0 {
+		t.Errorf("%+v", c)
+	}
+	a, _ := os.Stat(orig)
+	b, _ := os.Stat(out)
+	if b.Size() > a.Size()+a.Size()/10 {
+		t.Errorf("the export has %d bytes, the original %d: the shared value is written more than once", b.Size(), a.Size())
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	extras, runs, err := s.EventExtras(ids[0])
+	if err != nil || len(extras) != 5 || len(runs) != 1002 {
+		t.Errorf("%d extras in %d runs, want 5 in 1002: %v", len(extras), len(runs), err)
+	}
+	if x, ok, _ := s.EventExtra(ids[0], 2); !ok || x.Action != "annotate" || x.UserMetadata != "note 1" {
+		t.Errorf("event 2: %+v", x)
+	}
+}
