@@ -36,9 +36,8 @@ type TraceMeta struct {
 	DeviceName    string      `json:"device_name"`
 	Capacity      uint64      `json:"capacity_bytes"`
 	Settings      string      `json:"allocator_settings"` // PYTORCH_CUDA_ALLOC_CONF style
-	// Upload is the upload (a snapshot file, a recorded run) the trace
-	// came from; the traces of its other devices share it. Empty for a
-	// trace that belongs to none.
+	// Upload names the upload (or recording) the trace came from: the
+	// devices of one snapshot share it; "" for a trace on its own.
 	Upload string `json:"upload,omitempty"`
 }
 

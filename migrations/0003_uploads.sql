@@ -3,23 +3,22 @@
 -- can be shown and queried: allocator settings, annotations, and the rest
 -- of a snapshot's top level.
 CREATE TABLE uploads (
-    uid        INTEGER PRIMARY KEY,
-    id         TEXT    NOT NULL UNIQUE,
+    id         TEXT    PRIMARY KEY,
     name       TEXT    NOT NULL,
     created_us INTEGER NOT NULL,
     settings   TEXT,            -- allocator_settings as written (JSON, key order kept); NULL: none
     top        TEXT    NOT NULL -- the rest of a snapshot's top level (JSON, package pytorch)
-);
+) WITHOUT ROWID;
 
--- The upload a trace came from; 0: none.
-ALTER TABLE traces ADD COLUMN uid INTEGER NOT NULL DEFAULT 0;
-CREATE INDEX traces_upload ON traces (uid);
+-- The devices of one upload share its upload id; '' for a trace on its own.
+ALTER TABLE traces ADD COLUMN upload TEXT NOT NULL DEFAULT '';
+CREATE INDEX traces_upload ON traces (upload) WHERE upload != '';
 
 -- Annotations (external_annotations of a snapshot, a workload's steps), in
 -- the order written.
 CREATE TABLE annotations (
     aid     INTEGER PRIMARY KEY,
-    uid     INTEGER NOT NULL, -- its upload; 0: none
+    upload  TEXT    NOT NULL, -- its upload; '' for a trace on its own
     tid     INTEGER NOT NULL, -- the trace of its device; 0: the upload stored none
     device  INTEGER NOT NULL,
     time_us INTEGER NOT NULL,
@@ -28,7 +27,7 @@ CREATE TABLE annotations (
     form    TEXT              -- how a snapshot wrote it beyond these (JSON); NULL as PyTorch writes it
 );
 CREATE INDEX annotations_trace ON annotations (tid, time_us);
-CREATE INDEX annotations_upload ON annotations (uid);
+CREATE INDEX annotations_upload ON annotations (upload) WHERE upload != '';
 
 -- What trace entries said beyond the event, one row per distinct
 -- combination; NULL where they said nothing.

@@ -13,8 +13,7 @@ import (
 )
 
 const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
-	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us,
-	COALESCE((SELECT u.id FROM uploads u WHERE u.uid = traces.uid), '')`
+	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us, upload`
 
 type scanner interface{ Scan(...any) error }
 

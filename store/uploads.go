@@ -37,11 +37,10 @@ func (db *DB) CreateUpload(u gpu.Upload) (string, error) {
 // DeleteUpload removes an upload with its traces and annotations.
 func (db *DB) DeleteUpload(id string) error {
 	return db.write(func(tx *sql.Tx) error {
-		uid, err := uploadKey(tx, id)
-		if err != nil {
+		if err := uploadExists(tx, id); err != nil {
 			return err
 		}
-		rows, err := tx.Query("SELECT tid FROM traces WHERE uid = ?", uid)
+		rows, err := tx.Query("SELECT tid FROM traces WHERE upload = ?", id)
 		if err != nil {
 			return err
 		}
@@ -60,8 +59,8 @@ func (db *DB) DeleteUpload(id string) error {
 				return err
 			}
 		}
-		for _, t := range []string{"annotations", "uploads"} {
-			if _, err := tx.Exec("DELETE FROM "+t+" WHERE uid = ?", uid); err != nil {
+		for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
+			if _, err := tx.Exec(del, id); err != nil {
 				return err
 			}
 		}
@@ -69,17 +68,19 @@ func (db *DB) DeleteUpload(id string) error {
 	})
 }
 
-// uploadKey returns the uid of upload id; 0 for "".
-func uploadKey(q querier, id string) (int64, error) {
+// uploadExists checks that upload id is stored ("" is no upload).
+func uploadExists(q querier, id string) error {
 	if id == "" {
-		return 0, nil
+		return nil
 	}
-	var uid int64
-	err := q.QueryRow("SELECT uid FROM uploads WHERE id = ?", id).Scan(&uid)
-	if errors.Is(err, sql.ErrNoRows) {
-		return 0, fmt.Errorf("upload %q: %w", id, ErrNotFound)
+	var n int
+	if err := q.QueryRow("SELECT count(*) FROM uploads WHERE id = ?", id).Scan(&n); err != nil {
+		return err
 	}
-	return uid, err
+	if n == 0 {
+		return fmt.Errorf("upload %q: %w", id, ErrNotFound)
+	}
+	return nil
 }
 
 // Upload returns an upload's record.
@@ -97,7 +98,7 @@ func (db *DB) Upload(id string) (gpu.Upload, error) {
 
 // UploadTraces returns the traces of an upload, by device.
 func (db *DB) UploadTraces(id string) ([]gpu.Trace, error) {
-	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE uid = (SELECT uid FROM uploads WHERE id = ?) ORDER BY device_ordinal, tid", id)
+	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE upload = ? AND upload != '' ORDER BY device_ordinal, tid", id)
 	if err != nil {
 		return nil, err
 	}
@@ -118,18 +119,17 @@ func (db *DB) UploadTraces(id string) ([]gpu.Trace, error) {
 // for that device).
 func (db *DB) AddAnnotations(upload string, anns []gpu.Annotation) error {
 	return db.write(func(tx *sql.Tx) error {
-		uid, err := uploadKey(tx, upload)
-		if err != nil {
+		if err := uploadExists(tx, upload); err != nil {
 			return err
 		}
-		st, err := tx.Prepare(`INSERT INTO annotations (uid, tid, device, time_us, stage, name, form)
-			VALUES (?1, COALESCE((SELECT tid FROM traces WHERE uid = ?1 AND device_ordinal = ?2), 0), ?2, ?3, ?4, ?5, ?6)`)
+		st, err := tx.Prepare(`INSERT INTO annotations (upload, tid, device, time_us, stage, name, form)
+			VALUES (?1, COALESCE((SELECT tid FROM traces WHERE upload = ?1 AND device_ordinal = ?2), 0), ?2, ?3, ?4, ?5, ?6)`)
 		if err != nil {
 			return err
 		}
 		defer st.Close()
 		for _, a := range anns {
-			if _, err := st.Exec(uid, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
+			if _, err := st.Exec(upload, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
 				return err
 			}
 		}
@@ -145,7 +145,7 @@ func (db *DB) Annotations(id string) ([]gpu.Annotation, error) {
 // UploadAnnotations returns every annotation of an upload, whatever its
 // device, in the order written.
 func (db *DB) UploadAnnotations(upload string) ([]gpu.Annotation, error) {
-	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE uid = (SELECT uid FROM uploads WHERE id = ?) ORDER BY aid", upload)
+	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE upload = ? AND upload != '' ORDER BY aid", upload)
 }
 
 func (db *DB) annotations(q string, id string) ([]gpu.Annotation, error) {
@@ -332,10 +332,10 @@ type snapshotRows struct {
 	segments    []gpu.SnapshotSegment
 }
 
-func (s *snapshotRows) store(tx *sql.Tx, tid, uid int64) error {
+func (s *snapshotRows) store(tx *sql.Tx, tid int64, upload string) error {
 	for _, a := range s.annotations {
-		if _, err := tx.Exec("INSERT INTO annotations (uid, tid, device, time_us, stage, name, form) VALUES (?,?,?,?,?,?,?)",
-			uid, tid, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
+		if _, err := tx.Exec("INSERT INTO annotations (upload, tid, device, time_us, stage, name, form) VALUES (?,?,?,?,?,?,?)",
+			upload, tid, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
 			return err
 		}
 	}

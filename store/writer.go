@@ -131,9 +131,9 @@ type pending struct {
 // and storing overlap.
 type Writer struct {
 	db  *DB
-	tid int64
-	uid int64 // the trace's upload; 0: none
-	id  string
+	tid    int64
+	id     string
+	upload string
 
 	mu      sync.Mutex
 	closed  bool
@@ -207,13 +207,14 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	ck := appendLayout(nil, w.layout)
 	openBlob := w.openBlob()
 	err = db.write(func(tx *sql.Tx) error {
-		if w.uid, err = uploadKey(tx, meta.Upload); err != nil {
+		if err := uploadExists(tx, meta.Upload); err != nil {
 			return err
 		}
+		w.upload = meta.Upload
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
-			peak_reserved, peak_allocated, peak_active, uid) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			peak_reserved, peak_allocated, peak_active, upload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active), w.uid)
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active), meta.Upload)
 		if err != nil {
 			return err
 		}
@@ -543,8 +544,8 @@ var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "che
 // deleteTrace removes a trace, and its upload when no other trace is left
 // of it.
 func deleteTrace(tx *sql.Tx, tid int64) error {
-	var uid int64
-	if err := tx.QueryRow("SELECT uid FROM traces WHERE tid = ?", tid).Scan(&uid); err != nil && !errors.Is(err, sql.ErrNoRows) {
+	var upload string
+	if err := tx.QueryRow("SELECT upload FROM traces WHERE tid = ?", tid).Scan(&upload); err != nil && !errors.Is(err, sql.ErrNoRows) {
 		return err
 	}
 	if _, err := tx.Exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
@@ -555,11 +556,11 @@ func deleteTrace(tx *sql.Tx, tid int64) error {
 			return err
 		}
 	}
-	if uid == 0 {
+	if upload == "" {
 		return nil
 	}
-	for _, t := range []string{"annotations", "uploads"} {
-		if _, err := tx.Exec("DELETE FROM "+t+" WHERE uid = ? AND NOT EXISTS (SELECT 1 FROM traces WHERE uid = ?)", uid, uid); err != nil {
+	for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
+		if _, err := tx.Exec(del+" AND NOT EXISTS (SELECT 1 FROM traces WHERE upload = ?)", upload, upload); err != nil {
 			return err
 		}
 	}
@@ -633,7 +634,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 			}
 		}
 	}
-	if err := b.snapshot.store(tx, tid, w.uid); err != nil {
+	if err := b.snapshot.store(tx, tid, w.upload); err != nil {
 		return err
 	}
 	for _, in := range b.incidents {
