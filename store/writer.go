@@ -130,7 +130,7 @@ type pending struct {
 // and hands finished rows to the database's writer goroutine, so producing
 // and storing overlap.
 type Writer struct {
-	db  *DB
+	db     *DB
 	tid    int64
 	id     string
 	upload string
