@@ -442,7 +442,7 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 		return s, bad(where, "blocks cover %d bytes, total_size says %d", at-seg.Addr, seg.Size)
 	}
 	for j, b := range blocks {
-		bw := fmt.Sprintf("%s.blocks[%d]", where, j)
+		bw := func() string { return fmt.Sprintf("%s.blocks[%d]", where, j) }
 		f, err := c.formOf(resolve(b), bw, blockKeys, func(key string) (any, bool) {
 			return blockValue(key, &seg.Blocks[j])
 		})
@@ -456,7 +456,7 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 			s.info.Blocks[j] = f
 		}
 	}
-	s.info.Form, err = c.formOf(sv, where, defaultSegmentKeys(s.info.Stack), func(key string) (any, bool) {
+	s.info.Form, err = c.formOf(sv, func() string { return where }, defaultSegmentKeys(s.info.Stack), func(key string) (any, bool) {
 		return segmentValue(key, s.device, seg, &s.info)
 	})
 	return s, err
@@ -467,19 +467,19 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 // not know, and values it would write otherwise, are kept as written.
 // It returns nil when the two agree. derive's ok is false for keys it
 // does not know; it returns a nil value for known keys written from
-// elsewhere (frames, blocks).
-func (c *converter) formOf(dict Value, where string, std []string, derive func(key string) (any, bool)) (*Form, error) {
+// elsewhere (frames, blocks). where names the dict in errors.
+func (c *converter) formOf(dict Value, where func() string, std []string, derive func(key string) (any, bool)) (*Form, error) {
 	items := dict.obj.items
 	pairs, err := dictPairs(items)
 	if err != nil {
-		return nil, bad(where, "%v", err)
+		return nil, bad(where(), "%v", err)
 	}
 	keys := make([]string, len(pairs))
 	var other Dict
 	for i, p := range pairs {
 		k := items[p[0]]
 		if k.kind != kStr {
-			return nil, bad(where, "a key is a %s, not a string", k.kind)
+			return nil, bad(where(), "a key is a %s, not a string", k.kind)
 		}
 		key := c.d.strs[k.bits]
 		keys[i] = key
@@ -489,7 +489,7 @@ func (c *converter) formOf(dict Value, where string, std []string, derive func(k
 		}
 		x, err := c.d.toAny(resolve(items[p[1]]), 1, &c.budget)
 		if err != nil {
-			return nil, bad(where+"."+key, "%v", err)
+			return nil, bad(where()+"."+key, "%v", err)
 		}
 		other = append(other, KV{key, x})
 	}

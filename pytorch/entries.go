@@ -185,6 +185,7 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		toks = append(toks, otherTok{uint32(k.bits), tok})
 	}
 	order := d.orderBuf[:0] // the keys as written, once each
+	var known uint64        // keys with string ids below 64 already in order
 	items := o.items
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
@@ -192,12 +193,15 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 			bad = "a key is not a string"
 			continue
 		}
-		seen := false
-		for j := 0; j < len(order); j += 4 {
-			seen = seen || binary.LittleEndian.Uint32(order[j:]) == uint32(k.bits)
+		seen := k.bits < 64 && known&(1<<k.bits) != 0
+		for j := 0; j < len(order) && k.bits >= 64 && !seen; j += 4 {
+			seen = binary.LittleEndian.Uint32(order[j:]) == uint32(k.bits)
 		}
 		if !seen {
 			order = binary.LittleEndian.AppendUint32(order, uint32(k.bits))
+			if k.bits < 64 {
+				known |= 1 << k.bits
+			}
 		}
 		switch {
 		case k.bits == sAction:
