@@ -449,10 +449,10 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 		if err != nil {
 			return s, err
 		}
-		if f != nil && s.info.Blocks == nil {
-			s.info.Blocks = make([]*Form, len(blocks))
-		}
 		if f != nil {
+			if s.info.Blocks == nil {
+				s.info.Blocks = make([]*Form, len(blocks))
+			}
 			s.info.Blocks[j] = f
 		}
 	}
@@ -629,7 +629,7 @@ func (c *converter) annotations(v Value) ([]Annotation, error) {
 			switch k {
 			case "device":
 				dev, ok := kv.Value.(int64)
-				if !ok || dev < 0 || dev > 1<<16 {
+				if !ok || dev != int64(int32(dev)) {
 					return nil, bad(where+".device", "want a device ordinal")
 				}
 				a.Device, hasDevice = int(dev), true

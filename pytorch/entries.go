@@ -268,13 +268,16 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		ex.other = otherKey(toks)
 	}
 	if !usualOrder(order, e.Action == gpu.ActionOOM) {
-		id, ok := d.orderIdx[string(order)]
-		if !ok {
-			d.keyOrders = append(d.keyOrders, string(order))
-			id = uint32(len(d.keyOrders))
-			d.orderIdx[string(order)] = id
+		if d.lastOrder == 0 || d.keyOrders[d.lastOrder-1] != string(order) { // entries mostly repeat the one before
+			id, ok := d.orderIdx[string(order)]
+			if !ok {
+				d.keyOrders = append(d.keyOrders, string(order))
+				id = uint32(len(d.keyOrders))
+				d.orderIdx[string(order)] = id
+			}
+			d.lastOrder = id
 		}
-		ex.keys = id
+		ex.keys = d.lastOrder
 	}
 	if ex != (extraKey{}) {
 		idx, ok := d.extraIdx[ex]

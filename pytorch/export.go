@@ -102,16 +102,16 @@ func (p *pickler) finish() error {
 // segments writes every trace's segments as one list, in file order.
 func (p *pickler) segments(traces []*Trace) {
 	type ref struct {
-		t *Trace
-		i int
+		t        *Trace
+		i, index int
 	}
 	var all []ref
 	for _, t := range traces {
 		for i := range t.Final.Segments {
-			all = append(all, ref{t, i})
+			all = append(all, ref{t, i, t.info(i).Index})
 		}
 	}
-	sort.SliceStable(all, func(a, b int) bool { return all[a].t.info(all[a].i).Index < all[b].t.info(all[b].i).Index })
+	sort.SliceStable(all, func(a, b int) bool { return all[a].index < all[b].index })
 	p.listStart()
 	for _, r := range all {
 		p.segment(r.t, r.i)

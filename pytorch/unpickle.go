@@ -135,6 +135,7 @@ type decoder struct {
 	orderBuf  []byte
 	keyOrders []string          // distinct key orders of trace entries, as string ids
 	orderIdx  map[string]uint32 // index+1 in keyOrders
+	lastOrder uint32            // the key order of the entry before
 	forms     map[string]*Form  // forms without values, by their keys
 	actionOf  map[uint32]gpu.Action
 	wideLines int // frame lines beyond 64 bits, clamped
