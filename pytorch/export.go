@@ -509,7 +509,6 @@ func (p *pickler) end() {
 	p.op(b.op) // an empty batch whose MARK already went out in a frame is still valid
 }
 
-
 func (p *pickler) any(v any) {
 	switch x := v.(type) {
 	case nil:

@@ -57,7 +57,6 @@ type object struct {
 // memoFar is object.memo for an object whose slot is in the memo's map.
 const memoFar = -2
 
-
 // int64 returns an integer value that fits in int64.
 func (v Value) int64() (int64, bool) {
 	switch v.kind {
