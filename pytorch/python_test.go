@@ -313,3 +313,54 @@ func canonMap(m map[any]any) string {
 }
 
 var _ = gpu.ActionAlloc
+
+// Every real file, and the same files pickled with protocols 0 and 1,
+// decode and export to the Python value CPython unpickles from the
+// original, every dict's keys in their order (testdata/compare_snapshots.py).
+func TestExportSameValueAsCPython(t *testing.T) {
+	dir := testkit.RealSnapshots(t)
+	tmp := t.TempDir()
+	testkit.Python3(t, `
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+for p in (0, 1):
+    pickle.dump(s, open("%s/expandable_oom_multigpu.p%d.pickle" % (sys.argv[2], p), "wb"), protocol=p)
+`, filepath.Join(dir, "expandable_oom_multigpu.pickle"), tmp)
+	var args []string
+	for name := range expected {
+		args = append(args, filepath.Join(dir, name))
+	}
+	args = append(args, filepath.Join(tmp, "expandable_oom_multigpu.p0.pickle"), filepath.Join(tmp, "expandable_oom_multigpu.p1.pickle"))
+	var pairs []string
+	for _, in := range args {
+		traces, err := DecodeFile(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := Export(&out, traces...); err != nil {
+			t.Fatal(err)
+		}
+		exp := filepath.Join(tmp, "exported-"+filepath.Base(in))
+		if err := os.WriteFile(exp, out.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pairs = append(pairs, in, exp)
+	}
+	script, err := os.ReadFile("testdata/compare_snapshots.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]struct {
+		Equal        bool
+		Diffs, Order []string
+	}
+	if err := json.Unmarshal(testkit.Python3(t, string(script), pairs...), &got); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(pairs); i += 2 {
+		if c := got[pairs[i]]; !c.Equal || len(c.Diffs)+len(c.Order) > 0 {
+			t.Errorf("%s: %+v", filepath.Base(pairs[i-1]), c)
+		}
+	}
+}
