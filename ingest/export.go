@@ -58,7 +58,7 @@ func Traces(db *store.DB, id string, device int) ([]*pytorch.Trace, error) {
 	if device >= 0 {
 		group = slices.DeleteFunc(group, func(t gpu.Trace) bool { return t.DeviceOrdinal != device })
 		if len(group) == 0 {
-			return nil, fmt.Errorf("trace %s: its upload has no device %d", id, device)
+			return nil, fmt.Errorf("trace %s: its upload has no device %d: %w", id, device, store.ErrNotFound)
 		}
 		anns = slices.DeleteFunc(anns, func(a gpu.Annotation) bool { return a.Device != device })
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -40,6 +41,9 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		return usagef("no trace %q in the database", pos[0])
 	}
 	traces, err := ingest.Traces(db, pos[0], *device)
+	if errors.Is(err, store.ErrNotFound) {
+		return usagef("%v", err)
+	}
 	if err != nil {
 		return err
 	}

@@ -324,6 +324,9 @@ func TestExportWorkloadFigures(t *testing.T) {
 			t.Errorf("%s: settings %v", tr.Name, got.Settings)
 		}
 	}
+	if code, _, errs := runCmd("export", traces[0].ID, "--device", "5", "-o", filepath.Join(tmp, "x.pickle"), "--db", db); code != 2 || !strings.Contains(errs, "no device 5") {
+		t.Errorf("--device 5: exit %d: %s", code, errs)
+	}
 }
 
 // newerSnapshot writes a snapshot with what no shared real file has:
