@@ -1,7 +1,6 @@
 package ingest_test
 
 import (
-	"path/filepath"
 	"testing"
 
 	"vramscope/ingest"
@@ -14,7 +13,7 @@ import (
 // vramscope export does, to a counter.
 func BenchmarkExportStored(b *testing.B) {
 	db := testkit.OpenDB(b)
-	traces, err := pytorch.DecodeFile(filepath.Join(testkit.RealSnapshots(b), "training_22k_user_metadata.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(b, "training_22k_user_metadata.pickle"))
 	if err != nil {
 		b.Fatal(err)
 	}

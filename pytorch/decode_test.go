@@ -17,7 +17,7 @@ import (
 )
 
 func readReal(t testing.TB, name string) []byte {
-	b, err := os.ReadFile(filepath.Join(testkit.RealSnapshots(t), name))
+	b, err := os.ReadFile(testkit.Snapshot(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,7 +200,7 @@ func TestMismatchRecordedNotFatal(t *testing.T) {
 }
 
 func TestExportRoundTripRealFiles(t *testing.T) {
-	dir := testkit.RealSnapshots(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	for name := range expected {
 		raw, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {

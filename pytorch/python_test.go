@@ -64,7 +64,7 @@ func goFigures(traces []*Trace) map[string]pyFigures {
 
 // Every real file, and our export of it, give the figures CPython gives.
 func TestAgainstCPythonPickle(t *testing.T) {
-	dir := testkit.RealSnapshots(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	tmp := t.TempDir()
 	var paths []string
 	want := map[string]map[string]pyFigures{}
@@ -140,7 +140,7 @@ print(" ".join(sorted({op.name for op, _, _ in pickletools.genops(sys.stdin.buff
 // Python 3.14 write 2 and 5; _memory_viz.py reads them all) give the same
 // traces.
 func TestOtherProtocols(t *testing.T) {
-	src := filepath.Join(testkit.RealSnapshots(t), "snapshot_action_entry.pickle")
+	src := testkit.Snapshot(t, "snapshot_action_entry.pickle")
 	tmp := t.TempDir()
 	testkit.Python3(t, `
 import pickle, sys
@@ -318,7 +318,7 @@ var _ = gpu.ActionAlloc
 // decode and export to the Python value CPython unpickles from the
 // original, every dict's keys in their order (testdata/compare_snapshots.py).
 func TestExportSameValueAsCPython(t *testing.T) {
-	dir := testkit.RealSnapshots(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	tmp := t.TempDir()
 	testkit.Python3(t, `
 import pickle, sys

@@ -34,7 +34,7 @@ var expected = map[string]fileFigures{
 }
 
 func TestRealSnapshots(t *testing.T) {
-	dir := testkit.RealSnapshots(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	for name, want := range expected {
 		t.Run(name, func(t *testing.T) {
 			traces, err := DecodeFile(filepath.Join(dir, name))

@@ -53,6 +53,28 @@ func (db *DB) Traces() ([]gpu.Trace, error) {
 	return out, rows.Err()
 }
 
+// UploadTraces lists the traces of one upload (the devices of a snapshot),
+// by device.
+func (db *DB) UploadTraces(upload string) ([]gpu.Trace, error) {
+	if upload == "" {
+		return nil, nil
+	}
+	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE upload = ? ORDER BY device_ordinal, tid", upload)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.Trace
+	for rows.Next() {
+		_, t, err := scanTrace(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
 // Trace returns one trace.
 func (db *DB) Trace(id string) (gpu.Trace, error) {
 	_, t, err := lookup(db.r, id)

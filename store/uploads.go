@@ -96,24 +96,6 @@ func (db *DB) Upload(id string) (gpu.Upload, error) {
 	return u, err
 }
 
-// UploadTraces returns the traces of an upload, by device.
-func (db *DB) UploadTraces(id string) ([]gpu.Trace, error) {
-	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE upload = ? AND upload != '' ORDER BY device_ordinal, tid", id)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []gpu.Trace
-	for rows.Next() {
-		_, t, err := scanTrace(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
-}
-
 // AddAnnotations stores annotations of an upload in the order given, each
 // with the upload's trace of its device (none when the upload has no trace
 // for that device).

@@ -22,6 +22,23 @@ import (
 	"vramscope/tracer"
 )
 
+// Snapshot is the path of a real PyTorch snapshot of shared/testdata/pytorch
+// (../../shared beside a package of this checkout, ../shared beside the
+// clone in CI). The test is skipped where they are missing, and fails in CI.
+func Snapshot(tb testing.TB, name string) string {
+	tb.Helper()
+	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch", "../../../shared/testdata/pytorch"} {
+		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
+			return filepath.Join(dir, name)
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		tb.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
+	}
+	tb.Skip("the real snapshots (shared/testdata/pytorch) are not here")
+	return ""
+}
+
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 
@@ -87,24 +104,6 @@ func Python3(tb testing.TB, script string, args ...string) []byte {
 		tb.Fatalf("python3: %v\n%s", err, stderr.String())
 	}
 	return out
-}
-
-// RealSnapshots is the folder of the real PyTorch snapshots:
-// ../../shared/testdata/pytorch from a package folder here, ../shared
-// beside the clone in CI. Without it the test fails in CI and is skipped
-// elsewhere.
-func RealSnapshots(tb testing.TB) string {
-	tb.Helper()
-	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch", "../../../shared/testdata/pytorch"} {
-		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
-			return dir
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
-	}
-	tb.Skip("the real snapshots (shared/testdata/pytorch) are not here")
-	return ""
 }
 
 // Replaying is a workload that replays reqs, one request per 10 µs.

@@ -23,7 +23,7 @@ func TestStoreIsAllOrNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	traces, err := pytorch.DecodeFile(filepath.Join(testkit.RealSnapshots(t), "expandable_oom_multigpu.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "expandable_oom_multigpu.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
