@@ -86,23 +86,22 @@ var _ = gpu.ActionAlloc
 // A snapshot replays under the settings its allocator had: its
 // PYTORCH_CUDA_ALLOC_CONF, unless allocator_settings say otherwise.
 func TestRecordingSettings(t *testing.T) {
-	raw := map[string]any{"max_split_size": int64(128 << 20), "expandable_segments": true, "garbage_collection_threshold": 0.0}
+	raw := Dict{{"max_split_size", int64(128 << 20)}, {"expandable_segments", true}, {"garbage_collection_threshold", 0.0}}
 	for _, c := range []struct {
 		s    Settings
 		want string
 	}{
-		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(map[string]any{"expandable_segments": true})}, "expandable_segments:True"},
-		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: map[string]any{"garbage_collection_threshold": 0.0}}, ""},
+		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(Dict{{"expandable_segments", true}})}, "expandable_segments:True"},
+		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: Dict{{"garbage_collection_threshold", 0.0}}}, ""},
 		// Changed at run time: the settings the allocator reports win.
 		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(raw), Raw: raw}, "expandable_segments:True,max_split_size_mb:128"},
-		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: map[string]any{"garbage_collection_threshold": 0.6}}, "garbage_collection_threshold:0.6"},
+		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: Dict{{"garbage_collection_threshold", 0.6}}}, "garbage_collection_threshold:0.6"},
 	} {
 		if got := c.s.Replay(); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.s, got, c.want)
 		}
 	}
-	dir := realDir(t)
-	traces, err := DecodeFile(filepath.Join(dir, "expandable_oom_multigpu.pickle"))
+	traces, err := DecodeFile(testkit.Snapshot(t, "expandable_oom_multigpu.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
