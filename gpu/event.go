@@ -101,11 +101,15 @@ type SinkFunc func([]Event)
 func (f SinkFunc) Emit(b []Event) { f(b) }
 
 // Frame is one stack frame, innermost first in a Stack. Line is unsigned
-// because PyTorch writes 2^64-1 for an unknown C++ line.
+// because PyTorch writes 2^64-1 for an unknown C++ line. Extra is how a
+// snapshot wrote the frame beyond these fields, as JSON: its key order
+// when not name, filename, line, and other keys (the FX fields of newer
+// PyTorch). It is empty for most frames.
 type Frame struct {
 	Name     string `json:"name"`
 	Filename string `json:"filename"`
 	Line     uint64 `json:"line"`
+	Extra    string `json:"extra,omitempty"`
 }
 
 // Stack is a call stack, innermost frame first (PyTorch's order).

@@ -61,6 +61,12 @@ func stackKey(s Stack) string {
 		b = append(b, ':')
 		b = append(b, f.Filename...)
 		b = strconv.AppendUint(b, f.Line, 10)
+		if f.Extra != "" {
+			b = append(b, '+')
+			b = strconv.AppendInt(b, int64(len(f.Extra)), 10)
+			b = append(b, ':')
+			b = append(b, f.Extra...)
+		}
 		b = append(b, ';')
 	}
 	return string(b)

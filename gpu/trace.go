@@ -36,6 +36,74 @@ type TraceMeta struct {
 	DeviceName    string      `json:"device_name"`
 	Capacity      uint64      `json:"capacity_bytes"`
 	Settings      string      `json:"allocator_settings"` // PYTORCH_CUDA_ALLOC_CONF style
+	// Upload names the upload (or recording) the trace came from: the
+	// devices of one snapshot share it; "" for a trace on its own.
+	Upload string `json:"upload,omitempty"`
+}
+
+// Upload is one snapshot file or one recorded run, which gave one trace
+// per device, and what it said about all of them.
+type Upload struct {
+	ID      string    `json:"id"`
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	// Settings is allocator_settings as written, as JSON in the file's
+	// key order; empty when the snapshot had none.
+	Settings string `json:"allocator_settings,omitempty"`
+	// Top is the rest of a snapshot's top level (its key order, the
+	// length of device_traces, keys vramscope does not know), as JSON
+	// that package pytorch reads.
+	Top string `json:"-"`
+}
+
+// Annotation marks a moment of a trace: a PyTorch external_annotations
+// entry (a record_function or dynamo region starting or ending) or a
+// workload's step.
+type Annotation struct {
+	Device int    `json:"device"`
+	TimeUS int64  `json:"time_us"`
+	Stage  string `json:"stage"` // START or END
+	Name   string `json:"name"`
+	// Form is how a snapshot wrote the entry beyond these fields, as JSON
+	// (package pytorch); empty as PyTorch writes it.
+	Form string `json:"form,omitempty"`
+}
+
+// Annotator takes a trace's annotations; the store's writer is one.
+type Annotator interface {
+	Annotate(...Annotation)
+}
+
+// EventExtra is what a recorded event said beyond Event: a PyTorch trace
+// entry's compile_context and user_metadata, an action Event does not name
+// (annotate), and how the entry was written (Form, JSON for package
+// pytorch). Events that say the same share one.
+type EventExtra struct {
+	Action         string `json:"action,omitempty"`
+	CompileContext string `json:"compile_context,omitempty"`
+	UserMetadata   string `json:"user_metadata,omitempty"`
+	Form           string `json:"form,omitempty"`
+}
+
+// ExtraRun says that the events from Seq on, up to the next run, have the
+// extra numbered Extra (from 1; 0 is none).
+type ExtraRun struct {
+	Seq   int64
+	Extra uint32
+}
+
+// SnapshotSegment is a segment of a snapshot as the file wrote it: its
+// place in the file, its blocks as they were (free blocks keep the size
+// last requested from them, which no replay of events gives back), its
+// private pool, the stack it was allocated under, and how its dict and
+// its blocks' dicts were written (JSON for package pytorch).
+type SnapshotSegment struct {
+	Index      int
+	Segment    Segment
+	PoolID     [2]int64
+	Stack      StackID
+	Form       string
+	BlockForms []string // one per block, "" as PyTorch writes it; nil when all are
 }
 
 // Trace is a stored trace: its metadata and what the store counted.

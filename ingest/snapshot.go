@@ -41,19 +41,30 @@ func Snapshot(db *store.DB, r io.Reader, name string) ([]string, error) {
 	return Store(db, keep, name)
 }
 
-// Store stores decoded snapshot traces, one trace per device, named name
-// (plus the device when there are several). Nothing is kept when any of
-// them fails.
+// Store stores decoded snapshot traces as one upload, one trace per
+// device, named name (plus the device when there are several): events,
+// stacks, and what the file says beyond them (its top level, settings and
+// annotations, the trace entries' extras, its segments as written).
+// Nothing is kept when any of them fails.
 func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error) {
+	up, err := uploadOf(traces, name)
+	if err != nil {
+		return nil, &InputError{err}
+	}
+	upload, err := db.CreateUpload(up)
+	if err != nil {
+		return nil, err
+	}
 	var ws []*store.Writer
 	abort := func() {
 		for _, w := range ws {
 			w.Abort()
 		}
+		db.DeleteUpload(upload)
 	}
 	for _, t := range traces {
 		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
-			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf}
+			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: upload}
 		if len(traces) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
 		}
@@ -72,6 +83,14 @@ func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error)
 			return nil, err
 		}
 	}
+	anns, err := annotationsOf(traces[0].Snapshot)
+	if err == nil {
+		err = db.AddAnnotations(upload, anns)
+	}
+	if err != nil {
+		abort()
+		return nil, err
+	}
 	var out []string
 	for _, w := range ws {
 		if err := w.Close(gpu.StatusComplete); err != nil {
@@ -83,22 +102,25 @@ func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error)
 	return out, nil
 }
 
-// emit writes one device's stacks and events.
+// emit writes one device's stacks, events, the extras of its events and
+// its segments as the file wrote them.
 func emit(w *store.Writer, t *pytorch.Trace) error {
 	ids := make([]gpu.StackID, len(t.Stacks)+1)
 	for i, st := range t.Stacks {
 		ids[i+1] = w.Stack(st)
+	}
+	stack := func(id gpu.StackID) gpu.StackID {
+		if int(id) < len(ids) {
+			return ids[id]
+		}
+		return 0
 	}
 	// t.Stacks are distinct, so the writer numbers them 1..n as the
 	// snapshot does and the initial layout's stack ids stay right.
 	const batch = 4096
 	buf := make([]gpu.Event, 0, batch)
 	for _, e := range t.Events {
-		if int(e.Stack) < len(ids) {
-			e.Stack = ids[e.Stack]
-		} else {
-			e.Stack = 0
-		}
+		e.Stack = stack(e.Stack)
 		buf = append(buf, e)
 		if len(buf) == batch {
 			w.Emit(buf)
@@ -106,5 +128,15 @@ func emit(w *store.Writer, t *pytorch.Trace) error {
 		}
 	}
 	w.Emit(buf)
+	extras, runs, err := extrasOf(t)
+	if err != nil {
+		return err
+	}
+	w.EventExtras(extras, runs)
+	segs, err := segmentsOf(t, stack)
+	if err != nil {
+		return err
+	}
+	w.SnapshotSegments(segs)
 	return w.Err()
 }

@@ -154,6 +154,7 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	}
 	meta := hi.Meta
 	meta.Source = gpu.SourceLive
+	meta.Upload = "" // the client's uploads are not this server's
 	if meta.Name == "" {
 		meta.Name = "live"
 	}

@@ -133,3 +133,30 @@ func TestPeakRSSChild(t *testing.T) {
 	fmt.Printf("maxrss-kb %d\n", ru.Maxrss)
 	fmt.Printf("events %d\n", len(traces[0].Events))
 }
+
+// BenchmarkExport100MB: the pickler alone, writing the decoded synthetic
+// snapshot (450k trace entries sharing a few hundred stacks) to a
+// counter; bytes are the bytes written.
+func BenchmarkExport100MB(b *testing.B) {
+	traces, err := DecodeFile(synthetic(b))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var n countingWriter
+	if err := Export(&n, traces...); err != nil {
+		b.Fatal(err)
+	}
+	b.SetBytes(int64(n))
+	for b.Loop() {
+		if err := Export(&n, traces...); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+type countingWriter int
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	*c += countingWriter(len(p))
+	return len(p), nil
+}

@@ -2,6 +2,7 @@ package pytorch
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 
 	"vramscope/gpu"
@@ -145,17 +146,23 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 	d := c.d
 	root = resolve(root)
 	var segsV, tracesV, settingsV, annV Value
-	other := map[string]any{}
+	snap := &Snapshot{}
 	switch root.kind {
 	case kList:
 		segsV = root // torch.cuda.memory_snapshot(): the segments alone
+		snap.List = true
 	case kDict:
 		items := root.obj.items
-		for i := 0; i < len(items); i += 2 {
-			k, v := items[i], resolve(items[i+1])
+		pairs, err := dictPairs(items)
+		if err != nil {
+			return nil, bad("top level", "%v", err)
+		}
+		for _, p := range pairs {
+			k, v := items[p[0]], resolve(items[p[1]])
 			if k.kind != kStr {
 				return nil, bad("top level", "a key is a %s, not a string", k.kind)
 			}
+			snap.Keys = append(snap.Keys, d.strs[k.bits])
 			switch k.bits {
 			case sSegments:
 				segsV = v
@@ -170,7 +177,7 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 				if err != nil {
 					return nil, bad(d.strs[k.bits], "%v", err)
 				}
-				other[d.strs[k.bits]] = x
+				snap.Other = append(snap.Other, KV{d.strs[k.bits], x})
 			}
 		}
 		if segsV.kind == kEmpty {
@@ -179,9 +186,6 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 	default:
 		return nil, bad("top level", "want a dict or a list of segments, found %s", d.describe(root))
 	}
-	if len(other) == 0 {
-		other = nil
-	}
 
 	settings := Settings{Rules: gpu.DefaultRules()}
 	if settingsV.kind != kEmpty {
@@ -189,12 +193,14 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 		if err != nil {
 			return nil, bad("allocator_settings", "%v", err)
 		}
-		raw, ok := x.(map[string]any)
+		raw, ok := x.(Dict)
 		if !ok {
-			return nil, bad("allocator_settings", "want a dict with string keys, found %s", d.describe(settingsV))
+			return nil, bad("allocator_settings", "want a dict, found %s", d.describe(settingsV))
 		}
 		settings.Raw = raw
-		settings.Conf, _ = raw["PYTORCH_CUDA_ALLOC_CONF"].(string)
+		if conf, ok := raw.Get("PYTORCH_CUDA_ALLOC_CONF"); ok {
+			settings.Conf, _ = conf.(string)
+		}
 		settings.Rules = rulesFrom(raw)
 	}
 
@@ -206,8 +212,8 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	anns, err := c.annotations(annV)
-	if err != nil {
+	snap.DeviceTraces = len(lists)
+	if snap.Annotations, err = c.annotations(annV); err != nil {
 		return nil, err
 	}
 
@@ -230,7 +236,7 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 	}
 	var out []*Trace
 	for _, dev := range order {
-		t := &Trace{Device: dev, Settings: settings, Final: gpu.NewLayout(settings.Rules), Warnings: warnings, Other: other}
+		t := &Trace{Device: dev, Settings: settings, Final: gpu.NewLayout(settings.Rules), Warnings: warnings, Snapshot: snap}
 		for _, s := range segs {
 			if s.device == dev {
 				t.Final.Segments = append(t.Final.Segments, s.seg)
@@ -242,11 +248,6 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 			t.Events, t.ExtraOf = el.events, el.extra
 			t.HasTime = el.timed > 0
 			c.fixTimes(t, el)
-		}
-		for _, a := range anns {
-			if a.Device == dev {
-				t.Annotations = append(t.Annotations, a)
-			}
 		}
 		if err := c.finishLayout(t); err != nil {
 			return nil, err
@@ -351,6 +352,7 @@ func (c *converter) segments(v Value) ([]rawSegment, error) {
 		if err != nil {
 			return nil, err
 		}
+		s.info.Index = i
 		out = append(out, s)
 	}
 	return out, nil
@@ -439,7 +441,62 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 	if at != seg.End() {
 		return s, bad(where, "blocks cover %d bytes, total_size says %d", at-seg.Addr, seg.Size)
 	}
-	return s, nil
+	for j, b := range blocks {
+		bw := func() string { return fmt.Sprintf("%s.blocks[%d]", where, j) }
+		f, err := c.formOf(resolve(b), bw, blockKeys, func(key string) (any, bool) {
+			return blockValue(key, &seg.Blocks[j])
+		})
+		if err != nil {
+			return s, err
+		}
+		if f != nil {
+			if s.info.Blocks == nil {
+				s.info.Blocks = make([]*Form, len(blocks))
+			}
+			s.info.Blocks[j] = f
+		}
+	}
+	s.info.Form, err = c.formOf(sv, func() string { return where }, defaultSegmentKeys(s.info.Stack), func(key string) (any, bool) {
+		return segmentValue(key, s.device, seg, &s.info)
+	})
+	return s, err
+}
+
+// formOf compares how a dict was written with how export writes it: the
+// keys std in that order, and the values derive gives. Keys derive does
+// not know, and values it would write otherwise, are kept as written.
+// It returns nil when the two agree. derive's ok is false for keys it
+// does not know; it returns a nil value for known keys written from
+// elsewhere (frames, blocks). where names the dict in errors.
+func (c *converter) formOf(dict Value, where func() string, std []string, derive func(key string) (any, bool)) (*Form, error) {
+	items := dict.obj.items
+	pairs, err := dictPairs(items)
+	if err != nil {
+		return nil, bad(where(), "%v", err)
+	}
+	keys := make([]string, len(pairs))
+	var other Dict
+	for i, p := range pairs {
+		k := items[p[0]]
+		if k.kind != kStr {
+			return nil, bad(where(), "a key is a %s, not a string", k.kind)
+		}
+		key := c.d.strs[k.bits]
+		keys[i] = key
+		want, known := derive(key)
+		if known && (want == nil || c.d.sameValue(items[p[1]], want)) {
+			continue
+		}
+		x, err := c.d.toAny(resolve(items[p[1]]), 1, &c.budget)
+		if err != nil {
+			return nil, bad(where()+"."+key, "%v", err)
+		}
+		other = append(other, KV{key, x})
+	}
+	if other == nil && slices.Equal(keys, std) {
+		return nil, nil
+	}
+	return c.d.internForm(keys, other), nil
 }
 
 func (c *converter) block(bv Value, where string, at uint64) (gpu.Block, error) {
@@ -555,21 +612,29 @@ func (c *converter) annotations(v Value) ([]Annotation, error) {
 	out := make([]Annotation, 0, len(list))
 	for i, it := range list {
 		where := fmt.Sprintf("external_annotations[%d]", i)
-		m, ok := it.(map[string]any)
+		m, ok := it.(Dict)
 		if !ok {
-			return nil, bad(where, "want a dict with string keys")
+			return nil, bad(where, "want a dict")
 		}
-		a := Annotation{Other: map[string]any{}}
-		dev, ok := m["device"].(int64)
-		if !ok {
-			return nil, bad(where, "missing or non-integer key \"device\"")
-		}
-		a.Device = int(dev)
-		for k, v := range m {
+		var a Annotation
+		keys := make([]string, len(m))
+		var other Dict
+		hasDevice := false
+		for j, kv := range m {
+			k, ok := kv.Key.(string)
+			if !ok {
+				return nil, bad(where, "a key is a %T, not a string", kv.Key)
+			}
+			keys[j] = k
 			switch k {
 			case "device":
+				dev, ok := kv.Value.(int64)
+				if !ok || dev != int64(int32(dev)) {
+					return nil, bad(where+".device", "want a device ordinal")
+				}
+				a.Device, hasDevice = int(dev), true
 			case "stage", "name":
-				s, ok := v.(string)
+				s, ok := kv.Value.(string)
 				if !ok {
 					return nil, bad(where+"."+k, "want a string")
 				}
@@ -579,17 +644,20 @@ func (c *converter) annotations(v Value) ([]Annotation, error) {
 					a.Name = s
 				}
 			case "time_us":
-				t, ok := v.(int64)
+				t, ok := kv.Value.(int64)
 				if !ok {
 					return nil, bad(where+".time_us", "want an integer")
 				}
 				a.TimeUS = t
 			default:
-				a.Other[k] = v
+				other = append(other, kv)
 			}
 		}
-		if len(a.Other) == 0 {
-			a.Other = nil
+		if !hasDevice {
+			return nil, bad(where, "missing key \"device\"")
+		}
+		if other != nil || !slices.Equal(keys, annotationKeys) {
+			a.Form = c.d.internForm(keys, other)
 		}
 		out = append(out, a)
 	}

@@ -22,8 +22,9 @@ const (
 	formatJSON
 )
 
-// sniff looks at the first bytes: 0x80 is a pickle PROTO, { or [ JSON,
-// 1f 8b gzip. The file name's extension is never trusted.
+// sniff looks at the first bytes: 0x80 is a pickle PROTO; ( } ] a pickle
+// of protocol 0 or 1 (which have no PROTO), starting a dict or a list;
+// { or [ JSON; 1f 8b gzip. The file name's extension is never trusted.
 func sniff(br *bufio.Reader) (f format, gz bool, err error) {
 	head, err := br.Peek(2)
 	if len(head) == 0 {
@@ -35,7 +36,7 @@ func sniff(br *bufio.Reader) (f format, gz bool, err error) {
 	switch {
 	case len(head) == 2 && head[0] == 0x1f && head[1] == 0x8b:
 		return formatUnknown, true, nil
-	case head[0] == 0x80:
+	case head[0] == 0x80, head[0] == opMark, head[0] == opEmptyDict, head[0] == opEmptyList:
 		return formatPickle, false, nil
 	}
 	for i := 1; ; i++ {
@@ -62,7 +63,7 @@ func sniff(br *bufio.Reader) (f format, gz bool, err error) {
 // twice the live data, so peak memory would pass twice the file size.
 const ImportGCPercent = 30
 
-// Decode reads a snapshot (pickle protocol 2 to 5, JSON, either gzipped)
+// Decode reads a snapshot (pickle protocol 0 to 5, JSON, either gzipped)
 // and returns one trace per device it mentions, ordered by device.
 func Decode(r io.Reader) ([]*Trace, error) {
 	d, root, err := decodeValue(r, true)
@@ -83,7 +84,7 @@ func DecodeFile(path string) ([]*Trace, error) {
 	return Decode(f)
 }
 
-// Unpickle decodes any pickle of plain data (protocols 2 to 5) into Go
+// Unpickle decodes any pickle of plain data (protocols 0 to 5) into Go
 // values: nil, bool, int64, uint64, *big.Int, float64, string, []byte,
 // []any, Tuple, map[string]any, map[any]any. Opcodes that import or call
 // code are refused.

@@ -13,10 +13,11 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 )
 
 func readReal(t testing.TB, name string) []byte {
-	b, err := os.ReadFile(filepath.Join(realDir(t), name))
+	b, err := os.ReadFile(testkit.Snapshot(t, name))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,10 +76,16 @@ func TestGzipAndJSONGiveTheSameTraces(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// JSON has no float 0.0 apart from 0: compare the settings' meaning.
+	// JSON has no float 0.0 apart from 0, and no tuples: compare the
+	// settings' meaning, and the traces without how their dicts were
+	// written.
 	got := decodeBytes(t, append([]byte("\n "), js...))
 	for _, tr := range append(got, want...) {
 		tr.Settings.Raw = nil
+		tr.Snapshot = nil
+		for i := range tr.Segments {
+			tr.Segments[i].Form = nil
+		}
 	}
 	sameTraces(t, want, got)
 }
@@ -150,7 +157,7 @@ func TestNewerLayoutKeptAndExported(t *testing.T) {
 		t.Errorf("rules %+v", r)
 	}
 	x := tr.Extra(0)
-	if x == nil || x.CompileContext != "N/A" || x.UserMetadata != "step 1" || x.Other["forward_frames"] == nil {
+	if ff, _ := x.Other.Get("forward_frames"); x == nil || x.CompileContext != "N/A" || x.UserMetadata != "step 1" || ff == nil {
 		t.Errorf("extra %+v", x)
 	}
 	if x := tr.Extra(1); x == nil || x.Action != "annotate" || tr.Events[1].Action != gpu.ActionNone {
@@ -159,8 +166,12 @@ func TestNewerLayoutKeptAndExported(t *testing.T) {
 	if tr.Events[0].BlockSize != 1024 {
 		t.Errorf("block size %d", tr.Events[0].BlockSize)
 	}
-	if len(tr.Annotations) != 1 || tr.Annotations[0].Other["extra"] != int64(1) || tr.Other["host_segments"] == nil {
-		t.Errorf("annotations %+v other %+v", tr.Annotations, tr.Other)
+	anns := tr.Annotations()
+	if extra, _ := anns[0].Form.other("extra"); len(anns) != 1 || extra != int64(1) {
+		t.Errorf("annotations %+v", anns)
+	}
+	if hs, ok := tr.Snapshot.Other.Get("host_segments"); !ok || hs == nil {
+		t.Errorf("top level %+v", tr.Snapshot)
 	}
 	var out bytes.Buffer
 	if err := Export(&out, tr); err != nil {
@@ -189,7 +200,7 @@ func TestMismatchRecordedNotFatal(t *testing.T) {
 }
 
 func TestExportRoundTripRealFiles(t *testing.T) {
-	dir := realDir(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	for name := range expected {
 		raw, err := os.ReadFile(filepath.Join(dir, name))
 		if err != nil {
@@ -225,6 +236,10 @@ func TestExportRoundTripRealFiles(t *testing.T) {
 		}
 		for _, g := range decodeBytes(t, out.Bytes()) {
 			if g.Device == last.Device {
+				// Alone, its segments come first in the file.
+				for i := range g.Segments {
+					g.Segments[i].Index = last.Segments[i].Index
+				}
 				t.Run(name+"/alone", func(t *testing.T) { sameTraces(t, []*Trace{last}, []*Trace{g}) })
 			}
 		}
@@ -241,6 +256,13 @@ func TestRefusedOpcodes(t *testing.T) {
 		"EXT1":         []byte("\x80\x04\x82\x01."),
 		"BINPERSID":    []byte("\x80\x04NQ."),
 		"NEXT_BUFFER":  []byte("\x80\x05\x97."),
+		// Protocols 0 and 1 have no PROTO; their dicts and lists start
+		// with MARK, EMPTY_DICT or EMPTY_LIST.
+		"INST":     []byte("(S'ls'\nios\nsystem\n."),
+		"OBJ":      []byte("(N(No."),
+		"PERSID":   []byte("]Pid\n."),
+		"GLOBAL ":  []byte("(dp0\nVsegments\np1\ncos\nsystem\n."),
+		"GLOBAL  ": []byte("}q\x00(X\x08\x00\x00\x00segmentsq\x01cposix\nsystem\nq\x02."),
 	}
 	for name, in := range cases {
 		for _, f := range []func() error{
@@ -248,7 +270,7 @@ func TestRefusedOpcodes(t *testing.T) {
 			func() error { _, err := Decode(bytes.NewReader(in)); return err },
 		} {
 			err := f()
-			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), name) || !strings.Contains(err.Error(), "byte offset") {
+			if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), strings.TrimSpace(name)) || !strings.Contains(err.Error(), "byte offset") {
 				t.Errorf("%s: %v", name, err)
 			}
 		}
@@ -338,5 +360,30 @@ func TestWideLines(t *testing.T) {
 	tr := decodeBytes(t, []byte(in))[0]
 	if len(tr.Warnings) != 1 || tr.Stack(tr.Segments[0].Stack)[0].Line != 1<<64-1 {
 		t.Errorf("warnings %v stacks %v", tr.Warnings, tr.Stacks)
+	}
+}
+
+// Protocol 0's text opcodes: Python 2's quoted STRING with its escapes,
+// and malformed or cut arguments named with their byte offset.
+func TestProtocol0Text(t *testing.T) {
+	v, err := Unpickle(strings.NewReader("(dp0\nS'k'\np1\nS'a\\n\\x41\\101\\'q'\np2\nsVx\\u00e9\nI01\ns."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (Dict{{"k", "a\nAA'q"}, {"xé", true}}); !reflect.DeepEqual(v, want) {
+		t.Errorf("got %#v, want %#v", v, want)
+	}
+	for in, want := range map[string]string{
+		"(dp0\nS'k\np1\n":      "byte offset 5: STRING: the argument must be quoted",
+		"(S'\\xff'\n.":         "byte offset 1: STRING: malformed argument",
+		"(dp0\nVsegm":          "byte offset 5: input ends inside the argument of UNICODE",
+		"(dp0\nI12x\n":         "byte offset 5: INT: malformed argument",
+		"(lp0\ng7\n.":          "byte offset 5: GET: memo slot 7 was never set",
+		"\x80\x06}.":           "byte offset 0: pickle protocol 6 is not supported",
+		"}q\x00(X\x02\x00\x00": "byte offset 4: input ends inside the argument of BINUNICODE",
+	} {
+		if _, err := Unpickle(strings.NewReader(in)); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want %q", in, err, want)
+		}
 	}
 }

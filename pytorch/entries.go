@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strings"
 
@@ -71,17 +72,22 @@ type eventList struct {
 	badAt  int
 }
 
-// EventExtra holds the fields of a trace entry that gpu.Event has no room
-// for. Events share one EventExtra when their fields are equal.
+// EventExtra holds what a trace entry says beyond gpu.Event. Events share
+// one EventExtra when these are equal.
 type EventExtra struct {
-	CompileContext string         `json:"compile_context,omitempty"`
-	UserMetadata   string         `json:"user_metadata,omitempty"`
-	Action         string         `json:"action,omitempty"` // an action gpu.Action does not name (e.g. "annotate")
-	Other          map[string]any `json:"other,omitempty"`  // keys this package does not know
+	CompileContext string // when Keys has compile_context
+	UserMetadata   string // when Keys has user_metadata
+	Action         string // an action gpu.Action does not name (e.g. "annotate")
+	// Form: the entry's keys in order, and the values of keys this
+	// package does not know or that gpu.Event cannot hold. Keys are nil
+	// for action, addr (device_free for oom), size, stream, time_us,
+	// frames.
+	Form
 }
 
 type extraKey struct {
 	cc, um, action uint32 // 1+string index; 0 when absent
+	keys           uint32 // 1+index of the key order in keyOrders; 0: the usual order
 	other          string // canonical text of Other
 }
 
@@ -150,7 +156,7 @@ func isEntry(v Value) bool {
 func (d *decoder) addEvent(el *eventList, o *object) {
 	e := gpu.Event{Seq: int64(len(el.events)), TimeUS: -1}
 	var ex extraKey
-	var other map[string]any
+	var other Dict
 	var toks []otherTok
 	var hasAddr, hasSize, hasFree bool
 	bad := ""
@@ -161,12 +167,43 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		}
 		return u
 	}
+	// keep holds a value gpu.Event has no room for, under its key.
+	keep := func(k, v Value) {
+		x, tok, err := d.otherValue(v)
+		if err != nil && bad == "" {
+			bad = fmt.Sprintf("%q: %v", d.strs[k.bits], err)
+		}
+		name := d.strs[k.bits]
+		for i := range other {
+			if other[i].Key == name { // set twice: Python keeps the last value
+				other[i].Value = x
+				toks = append(toks, otherTok{uint32(k.bits), tok})
+				return
+			}
+		}
+		other = append(other, KV{name, x})
+		toks = append(toks, otherTok{uint32(k.bits), tok})
+	}
+	order := d.orderBuf[:0] // the keys as written, once each
+	var known uint64        // keys with string ids below 64 already in order
 	items := o.items
 	for i := 0; i < len(items); i += 2 {
 		k, v := items[i], items[i+1]
-		switch {
-		case k.kind != kStr:
+		if k.kind != kStr {
 			bad = "a key is not a string"
+			continue
+		}
+		seen := k.bits < 64 && known&(1<<k.bits) != 0
+		for j := 0; j < len(order) && k.bits >= 64 && !seen; j += 4 {
+			seen = binary.LittleEndian.Uint32(order[j:]) == uint32(k.bits)
+		}
+		if !seen {
+			order = binary.LittleEndian.AppendUint32(order, uint32(k.bits))
+			if k.bits < 64 {
+				known |= 1 << k.bits
+			}
+		}
+		switch {
 		case k.bits == sAction:
 			if a, ok := d.actionOf[uint32(v.bits)]; ok {
 				e.Action = a
@@ -180,15 +217,24 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		case k.bits == sDeviceFree:
 			e.DeviceFree, hasFree = u64("device_free", v), true
 		case k.bits == sStream:
-			if v.kind == kInt || v.kind == kUint {
-				e.Stream = int64(v.bits) // a cudaStream_t cast to an integer
-			} else if bad == "" {
-				bad = `"stream" is not a 64-bit integer`
+			switch v.kind {
+			case kInt:
+				e.Stream = int64(v.bits)
+			case kUint: // a cudaStream_t beyond int64: kept as written
+				e.Stream = int64(v.bits)
+				keep(k, v)
+			default:
+				if bad == "" {
+					bad = `"stream" is not a 64-bit integer`
+				}
 			}
 		case k.bits == sTimeUS:
 			if t, ok := v.int64(); ok {
 				e.TimeUS = t
 				el.timed++
+				if v.kind == kBool {
+					keep(k, v)
+				}
 			} else if bad == "" {
 				bad = `"time_us" is not a 64-bit integer`
 			}
@@ -203,17 +249,10 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		case k.bits == sUserMetadata && v.kind == kStr:
 			ex.um = uint32(v.bits) + 1
 		default:
-			if other == nil {
-				other = map[string]any{}
-			}
-			x, tok, err := d.otherValue(v)
-			if err != nil && bad == "" {
-				bad = fmt.Sprintf("%q: %v", d.strs[k.bits], err)
-			}
-			other[d.strs[k.bits]] = x
-			toks = append(toks, otherTok{uint32(k.bits), tok})
+			keep(k, v)
 		}
 	}
+	d.orderBuf = order
 	switch {
 	case !hasSize:
 		bad = `missing key "size"`
@@ -228,10 +267,22 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 	if other != nil {
 		ex.other = otherKey(toks)
 	}
+	if !usualOrder(order, e.Action == gpu.ActionOOM) {
+		if d.lastOrder == 0 || d.keyOrders[d.lastOrder-1] != string(order) { // entries mostly repeat the one before
+			id, ok := d.orderIdx[string(order)]
+			if !ok {
+				d.keyOrders = append(d.keyOrders, string(order))
+				id = uint32(len(d.keyOrders))
+				d.orderIdx[string(order)] = id
+			}
+			d.lastOrder = id
+		}
+		ex.keys = d.lastOrder
+	}
 	if ex != (extraKey{}) {
 		idx, ok := d.extraIdx[ex]
 		if !ok {
-			x := EventExtra{Other: other}
+			x := EventExtra{Form: Form{Other: other}}
 			if ex.cc > 0 {
 				x.CompileContext = d.strs[ex.cc-1]
 			}
@@ -240,6 +291,12 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 			}
 			if ex.action > 0 {
 				x.Action = d.strs[ex.action-1]
+			}
+			if ex.keys > 0 {
+				ord := d.keyOrders[ex.keys-1]
+				for j := 0; j < len(ord); j += 4 {
+					x.Keys = append(x.Keys, d.strs[binary.LittleEndian.Uint32([]byte(ord[j:]))])
+				}
 			}
 			d.extras = append(d.extras, x)
 			idx = uint32(len(d.extras))
@@ -254,6 +311,25 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 	}
 	el.events = append(el.events, e)
 	d.replaceMemo(o, Value{kind: kConsumed})
+}
+
+// usualOrder says whether an entry's keys (string ids, 4 bytes each) are
+// action, addr (device_free for oom), size, stream, time_us, frames.
+func usualOrder(order []byte, oom bool) bool {
+	addr := uint32(sAddr)
+	if oom {
+		addr = sDeviceFree
+	}
+	want := [...]uint32{sAction, addr, sSize, sStream, sTimeUS, sFrames}
+	if len(order) != 4*len(want) {
+		return false
+	}
+	for i, k := range want {
+		if binary.LittleEndian.Uint32(order[4*i:]) != k {
+			return false
+		}
+	}
+	return true
 }
 
 // otherTok is a key this package does not know and its value's token.
@@ -376,39 +452,19 @@ func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
 		}
 		return b, nil
 	case kDict:
+		// In step with toAny: the keys in the order first set, each
+		// with its last value.
 		items := v.obj.items
-		allStr := true
-		for i := 0; i < len(items); i += 2 {
-			allStr = allStr && items[i].kind == kStr
+		pairs, err := dictPairs(items)
+		if err != nil {
+			return nil, err
 		}
-		order := make([]int, 0, len(items)/2)
-		for i := 0; i < len(items); i += 2 {
-			order = append(order, i)
-		}
-		if allStr {
-			// A map[string]any: key order does not matter, the last of
-			// equal keys wins.
-			sort.SliceStable(order, func(i, j int) bool { return items[order[i]].bits < items[order[j]].bits })
-			n := 0
-			for i, at := range order {
-				if i+1 < len(order) && items[order[i+1]].bits == items[at].bits {
-					continue
-				}
-				order[n] = at
-				n++
-			}
-			order = order[:n]
-			b = append(b, 'D')
-		} else {
-			b = append(b, 'M')
-		}
-		b = binary.AppendUvarint(b, uint64(len(order)))
-		var err error
-		for _, at := range order {
-			if b, err = d.canon(b, items[at], budget); err != nil {
+		b = binary.AppendUvarint(append(b, 'D'), uint64(len(pairs)))
+		for _, p := range pairs {
+			if b, err = d.canon(b, items[p[0]], budget); err != nil {
 				return nil, err
 			}
-			if b, err = d.canon(b, items[at+1], budget); err != nil {
+			if b, err = d.canon(b, items[p[1]], budget); err != nil {
 				return nil, err
 			}
 		}
@@ -460,14 +516,23 @@ func (d *decoder) internStack(v Value) Value {
 }
 
 // internFrame turns a {name, filename, line} dict into a frame index.
-// Other keys (the FX fields of newer versions) are not kept.
+// Other keys (the FX fields of newer versions) and a key order other than
+// name, filename, line are kept in the frame's form, Frame.Extra.
 func (d *decoder) internFrame(o *object) (Value, bool) {
 	var k frameKey
 	var has int
+	var keys []string
+	var other Dict
+	var toks []otherTok
+	usual := len(o.items) == 6
 	for i := 0; i < len(o.items); i += 2 {
 		key, v := o.items[i], o.items[i+1]
 		if key.kind != kStr {
 			return Value{}, false
+		}
+		usual = usual && key.bits == [...]uint64{sName, sFilename, sLine}[min(i/2, 2)]
+		if !slices.Contains(keys, d.strs[key.bits]) {
+			keys = append(keys, d.strs[key.bits])
 		}
 		switch key.bits {
 		case sName, sFilename:
@@ -499,15 +564,36 @@ func (d *decoder) internFrame(o *object) (Value, bool) {
 				return Value{}, false
 			}
 			has |= 1 << sLine
+		default:
+			x, tok, err := d.otherValue(v)
+			if err != nil {
+				return Value{}, false
+			}
+			other = append(other, KV{d.strs[key.bits], x})
+			toks = append(toks, otherTok{uint32(key.bits), tok})
 		}
 	}
 	if has != 1<<sName|1<<sFilename|1<<sLine {
 		return Value{}, false
 	}
+	if !usual {
+		k.extra = strings.Join(keys, "\x00") + "\x00" + otherKey(toks)
+	}
 	idx, ok := d.frameIdx[k]
 	if !ok {
+		f := gpu.Frame{Name: d.strs[k.name], Filename: d.strs[k.file], Line: k.line}
+		if !usual {
+			extra, err := (&Form{Keys: keys, Other: other}).JSON()
+			if err != nil {
+				return Value{}, false
+			}
+			if d.otherSpent += len(extra) / 16; d.otherSpent > budgetFor(d) {
+				return Value{}, false
+			}
+			f.Extra = extra
+		}
 		idx = uint32(len(d.frames))
-		d.frames = append(d.frames, gpu.Frame{Name: d.strs[k.name], Filename: d.strs[k.file], Line: k.line})
+		d.frames = append(d.frames, f)
 		d.frameIdx[k] = idx
 	}
 	f := Value{kind: kFrame, bits: uint64(idx)}
@@ -515,10 +601,31 @@ func (d *decoder) internFrame(o *object) (Value, bool) {
 	return f, true
 }
 
+// internForm returns a Form for keys and other; forms without values are
+// shared by every dict with the same keys.
+func (d *decoder) internForm(keys []string, other Dict) *Form {
+	if other != nil {
+		return &Form{Keys: keys, Other: other}
+	}
+	sig := strings.Join(keys, "\x00")
+	f, ok := d.forms[sig]
+	if !ok {
+		f = &Form{Keys: keys}
+		d.forms[sig] = f
+	}
+	return f
+}
+
 // eventsAny turns an event list back into trace entry dicts.
 func (d *decoder) eventsAny(el *eventList, budget *int) (any, error) {
 	out := make([]any, len(el.events))
-	for i, e := range el.events {
+	stack := func(id gpu.StackID) gpu.Stack {
+		if id == 0 {
+			return nil
+		}
+		return d.stacks[id-1]
+	}
+	for i := range el.events {
 		if *budget -= 8; *budget < 0 {
 			return nil, errTooLarge
 		}
@@ -526,47 +633,19 @@ func (d *decoder) eventsAny(el *eventList, budget *int) (any, error) {
 		if el.extra != nil && el.extra[i] > 0 {
 			x = &d.extras[el.extra[i]-1]
 		}
-		out[i] = entryAny(e, x, e.TimeUS >= 0, func(id gpu.StackID) gpu.Stack {
-			if id == 0 {
-				return nil
+		e := &el.events[i]
+		keys := entryKeysOf(e, x)
+		m := make(Dict, len(keys))
+		for j, k := range keys {
+			v := entryValue(k, e, x)
+			if k == "frames" && v == nil {
+				v = stackAny(stack(e.Stack))
 			}
-			return d.stacks[id-1]
-		})
+			m[j] = KV{k, v}
+		}
+		out[i] = m
 	}
 	return out, nil
-}
-
-// entryAny is a trace entry as a generic dict.
-func entryAny(e gpu.Event, x *EventExtra, withTime bool, stack func(gpu.StackID) gpu.Stack) map[string]any {
-	m := map[string]any{"action": e.Action.String(), "size": e.Size, "stream": e.Stream}
-	if e.Action == gpu.ActionOOM {
-		m["device_free"] = e.DeviceFree
-	} else {
-		m["addr"] = e.Addr
-	}
-	if withTime {
-		m["time_us"] = e.TimeUS
-	}
-	frames := []any{}
-	for _, f := range stack(e.Stack) {
-		frames = append(frames, map[string]any{"name": f.Name, "filename": f.Filename, "line": lineAny(f.Line)})
-	}
-	m["frames"] = frames
-	if x != nil {
-		if x.Action != "" {
-			m["action"] = x.Action
-		}
-		if x.CompileContext != "" {
-			m["compile_context"] = x.CompileContext
-		}
-		if x.UserMetadata != "" {
-			m["user_metadata"] = x.UserMetadata
-		}
-		for k, v := range x.Other {
-			m[k] = v
-		}
-	}
-	return m
 }
 
 // dictGet returns the value of a string key in a dict; the last one wins,

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math"
 	"math/big"
+	"reflect"
 	"sort"
 
 	"vramscope/gpu"
@@ -14,175 +15,306 @@ import (
 
 // Export writes traces as one snapshot pickle (protocol 4, as
 // torch.cuda.memory._dump_snapshot writes it), which pytorch.org/memory_viz
-// opens: segments with every key the viewer reads, device_traces indexed
-// by device, allocator_settings and external_annotations. The settings and
-// unknown top-level keys are taken from the first trace.
+// opens. The top level is the traces' Snapshot (the first trace that has
+// one) and their settings are the first trace's: a decoded file is written
+// back as it was, key order, absent keys and values vramscope does not
+// interpret included. Without a Snapshot the top level is PyTorch's own.
 func Export(w io.Writer, traces ...*Trace) error {
 	if len(traces) == 0 {
 		return errors.New("export: no traces")
 	}
 	seen := map[int]bool{}
 	maxDev := -1
-	for _, t := range traces {
+	snap := &Snapshot{}
+	for i := len(traces) - 1; i >= 0; i-- {
+		t := traces[i]
 		if seen[t.Device] {
 			return fmt.Errorf("export: two traces for device %d", t.Device)
 		}
 		seen[t.Device] = true
 		maxDev = max(maxDev, t.Device)
+		if t.Snapshot != nil {
+			snap = t.Snapshot
+		}
 	}
-	p := &pickler{w: w, strs: map[string]uint32{}, stacks: map[stackKey]uint32{}}
+	settings := traces[0].Settings.Raw
+	p := &pickler{w: w, strs: map[string]uint32{}, stacks: map[stackKey]uint32{}, shared: map[sharedKey]shared{}}
 	p.raw(opProto, 4)
 
-	p.dictStart()
-	p.str("segments")
-	p.listStart()
-	for _, t := range traces {
-		for i := range t.Final.Segments {
-			p.segment(t, i)
-			p.item()
+	if snap.List {
+		p.segments(traces)
+		return p.finish()
+	}
+	keys := snap.Keys
+	if keys == nil {
+		keys = topKeys
+		if settings == nil {
+			keys = []string{"segments", "device_traces", "external_annotations"}
 		}
 	}
-	p.listEnd()
-	p.item()
-
-	p.str("device_traces")
-	p.listStart()
-	for dev := 0; dev <= maxDev; dev++ {
-		var t *Trace
-		for _, x := range traces {
-			if x.Device == dev {
-				t = x
-			}
-		}
-		p.listStart()
-		if t != nil {
-			for i, e := range t.Events {
-				p.event(t, e, t.Extra(i))
+	p.dictStart()
+	for _, k := range keys {
+		p.str(k)
+		switch k {
+		case "segments":
+			p.segments(traces)
+		case "device_traces":
+			p.listStart()
+			for dev := 0; dev < max(snap.DeviceTraces, maxDev+1); dev++ {
+				p.listStart()
+				for _, t := range traces {
+					if t.Device == dev {
+						for i := range t.Events {
+							p.event(t, &t.Events[i], t.Extra(i))
+							p.item()
+						}
+					}
+				}
+				p.listEnd()
 				p.item()
 			}
-		}
-		p.listEnd()
-		p.item()
-	}
-	p.listEnd()
-	p.item()
-
-	first := traces[0]
-	if first.Settings.Raw != nil {
-		p.str("allocator_settings")
-		p.any(first.Settings.Raw)
-		p.item()
-	}
-	p.str("external_annotations")
-	p.listStart()
-	for _, t := range traces {
-		for _, a := range t.Annotations {
-			m := map[string]any{"stage": a.Stage, "name": a.Name, "device": int64(a.Device), "time_us": a.TimeUS}
-			for k, v := range a.Other {
-				m[k] = v
+			p.listEnd()
+		case "allocator_settings":
+			p.any(settings)
+		case "external_annotations":
+			p.listStart()
+			for i := range snap.Annotations {
+				p.annotation(&snap.Annotations[i])
+				p.item()
 			}
-			p.any(m)
-			p.item()
+			p.listEnd()
+		default:
+			v, _ := snap.Other.Get(k)
+			p.any(v)
 		}
-	}
-	p.listEnd()
-	p.item()
-	for _, k := range sortedKeys(first.Other) {
-		p.str(k)
-		p.any(first.Other[k])
 		p.item()
 	}
 	p.dictEnd()
+	return p.finish()
+}
+
+func (p *pickler) finish() error {
 	p.op(opStop)
 	p.commit(true)
 	return p.err
 }
 
-func (p *pickler) segment(t *Trace, i int) {
-	s := &t.Final.Segments[i]
-	var info SegmentInfo
-	if i < len(t.Segments) {
-		info = t.Segments[i]
+// segments writes every trace's segments as one list, in file order.
+func (p *pickler) segments(traces []*Trace) {
+	type ref struct {
+		t        *Trace
+		i, index int
 	}
-	var alloc, active, req uint64
-	for _, b := range s.Blocks {
-		if b.State == gpu.BlockAllocated {
-			alloc += b.Size
-			req += b.Requested
-		}
-		if b.State != gpu.BlockFree {
-			active += b.Size
+	var all []ref
+	for _, t := range traces {
+		for i := range t.Final.Segments {
+			all = append(all, ref{t, i, t.info(i).Index})
 		}
 	}
-	p.dictStart()
-	p.kv("device", int64(t.Device))
-	p.kv("address", s.Addr)
-	p.kv("total_size", s.Size)
-	p.kv("allocated_size", alloc)
-	p.kv("active_size", active)
-	p.kv("requested_size", req)
-	p.kv("stream", s.Stream)
-	p.kv("segment_type", s.Pool.String())
-	p.str("segment_pool_id")
-	p.int(info.PoolID[0])
-	p.int(info.PoolID[1])
-	p.op(opTuple2)
-	p.item()
-	p.kv("is_expandable", s.Expandable)
-	p.str("frames")
-	p.stack(t, info.Stack)
-	p.item()
-	p.str("blocks")
+	sort.SliceStable(all, func(a, b int) bool { return all[a].index < all[b].index })
 	p.listStart()
-	for _, b := range s.Blocks {
-		p.dictStart()
-		p.kv("address", b.Addr)
-		p.kv("size", b.Size)
-		p.kv("requested_size", b.Requested)
-		p.kv("state", b.State.String())
-		p.str("frames")
-		p.stack(t, b.Stack)
-		p.item()
-		p.dictEnd()
+	for _, r := range all {
+		p.segment(r.t, r.i)
 		p.item()
 	}
 	p.listEnd()
-	p.item()
+}
+
+// info returns what the snapshot said about segment i beyond gpu.Segment.
+func (t *Trace) info(i int) *SegmentInfo {
+	if i < len(t.Segments) {
+		return &t.Segments[i]
+	}
+	return &SegmentInfo{}
+}
+
+func (p *pickler) segment(t *Trace, i int) {
+	s := &t.Final.Segments[i]
+	info := t.info(i)
+	p.dictStart()
+	for _, k := range info.Form.keysOr(defaultSegmentKeys(info.Stack)) {
+		p.str(k)
+		if v, ok := info.Form.other(k); ok {
+			p.any(v)
+			p.item()
+			continue
+		}
+		switch k {
+		case "frames":
+			p.stack(t, info.Stack)
+		case "blocks":
+			p.listStart()
+			for j := range s.Blocks {
+				p.block(t, &s.Blocks[j], info.blockForm(j))
+				p.item()
+			}
+			p.listEnd()
+		default:
+			v, _ := segmentValue(k, t.Device, s, info)
+			p.any(v)
+		}
+		p.item()
+	}
 	p.dictEnd()
 }
 
-func (p *pickler) event(t *Trace, e gpu.Event, x *EventExtra) {
+func (p *pickler) block(t *Trace, b *gpu.Block, f *Form) {
 	p.dictStart()
-	action := e.Action.String()
-	if x != nil && x.Action != "" {
-		action = x.Action
-	}
-	p.kv("action", action)
-	if e.Action == gpu.ActionOOM {
-		p.kv("device_free", e.DeviceFree)
-	} else {
-		p.kv("addr", e.Addr)
-	}
-	p.kv("size", e.Size)
-	p.kv("stream", e.Stream)
-	if t.HasTime {
-		p.kv("time_us", e.TimeUS)
-	}
-	if x != nil {
-		if x.CompileContext != "" {
-			p.kv("compile_context", x.CompileContext)
+	for _, k := range f.keysOr(blockKeys) {
+		p.str(k)
+		if v, ok := f.other(k); ok {
+			p.any(v)
+		} else if k == "frames" {
+			p.stack(t, b.Stack)
+		} else {
+			v, _ := blockValue(k, b)
+			p.any(v)
 		}
-		if x.UserMetadata != "" {
-			p.kv("user_metadata", x.UserMetadata)
-		}
-		for _, k := range sortedKeys(x.Other) {
-			p.kv(k, x.Other[k])
-		}
+		p.item()
 	}
-	p.str("frames")
-	p.stack(t, e.Stack)
-	p.item()
 	p.dictEnd()
+}
+
+func (p *pickler) event(t *Trace, e *gpu.Event, x *EventExtra) {
+	p.dictStart()
+	for _, k := range entryKeysOf(e, x) {
+		p.str(k)
+		if v := entryValue(k, e, x); v != nil || k != "frames" {
+			p.any(v)
+		} else {
+			p.stack(t, e.Stack)
+		}
+		p.item()
+	}
+	p.dictEnd()
+}
+
+func (p *pickler) annotation(a *Annotation) {
+	p.dictStart()
+	for _, k := range a.Form.keysOr(annotationKeys) {
+		p.str(k)
+		if v, ok := a.Form.other(k); ok {
+			p.any(v)
+		} else {
+			switch k {
+			case "stage":
+				p.str(a.Stage)
+			case "name":
+				p.str(a.Name)
+			case "device":
+				p.int(int64(a.Device))
+			case "time_us":
+				p.int(a.TimeUS)
+			default:
+				p.any(nil)
+			}
+		}
+		p.item()
+	}
+	p.dictEnd()
+}
+
+// segmentValue is what a segment's key holds, derived from the segment;
+// ok is false for keys it does not know. frames and blocks are known but
+// written from elsewhere: their value is nil.
+func segmentValue(key string, device int, s *gpu.Segment, info *SegmentInfo) (v any, ok bool) {
+	switch key {
+	case "device":
+		return int64(device), true
+	case "address":
+		return s.Addr, true
+	case "total_size":
+		return s.Size, true
+	case "allocated_size", "active_size", "requested_size":
+		var n uint64
+		for _, b := range s.Blocks {
+			switch {
+			case key == "active_size" && b.State != gpu.BlockFree:
+				n += b.Size
+			case b.State != gpu.BlockAllocated:
+			case key == "allocated_size":
+				n += b.Size
+			case key == "requested_size":
+				n += b.Requested
+			}
+		}
+		return n, true
+	case "stream":
+		return s.Stream, true
+	case "segment_type":
+		return s.Pool.String(), true
+	case "segment_pool_id":
+		return Tuple{info.PoolID[0], info.PoolID[1]}, true
+	case "is_expandable":
+		return s.Expandable, true
+	case "frames", "blocks":
+		return nil, true
+	}
+	return nil, false
+}
+
+// blockValue is what a block's key holds, as segmentValue.
+func blockValue(key string, b *gpu.Block) (any, bool) {
+	switch key {
+	case "address":
+		return b.Addr, true
+	case "size":
+		return b.Size, true
+	case "requested_size":
+		return b.Requested, true
+	case "state":
+		return b.State.String(), true
+	case "frames":
+		return nil, true
+	}
+	return nil, false
+}
+
+// entryKeysOf returns the keys of an event's trace entry, in order.
+func entryKeysOf(e *gpu.Event, x *EventExtra) []string {
+	switch {
+	case x != nil && x.Keys != nil:
+		return x.Keys
+	case e.Action == gpu.ActionOOM:
+		return oomEntryKeys
+	}
+	return entryKeys
+}
+
+// entryValue is what an event's trace entry holds under key; nil for
+// frames, which is the event's stack.
+func entryValue(key string, e *gpu.Event, x *EventExtra) any {
+	if x != nil {
+		if v, ok := x.other(key); ok {
+			return v
+		}
+	}
+	switch key {
+	case "action":
+		if x != nil && x.Action != "" {
+			return x.Action
+		}
+		return e.Action.String()
+	case "addr":
+		return e.Addr
+	case "device_free":
+		return e.DeviceFree
+	case "size":
+		return e.Size
+	case "stream":
+		return e.Stream
+	case "time_us":
+		return e.TimeUS
+	case "compile_context":
+		if x != nil {
+			return x.CompileContext
+		}
+	case "user_metadata":
+		if x != nil {
+			return x.UserMetadata
+		}
+	}
+	return nil
 }
 
 // pickler writes protocol 4: strings and frames are memoized and referred
@@ -196,7 +328,44 @@ type pickler struct {
 	strs    map[string]uint32
 	frames  map[gpu.Frame]uint32
 	stacks  map[stackKey]uint32
-	batches []batch // open containers
+	shared  map[sharedKey]shared // containers written, by identity
+	batches []batch              // open containers
+}
+
+// sharedKey names a container by identity: values that many entries
+// share (one decoded value behind many trace entries) are written once
+// and referred to again with BINGET.
+type sharedKey struct {
+	data uintptr
+	n    int
+	kind reflect.Kind
+	tag  byte
+}
+
+type shared struct {
+	memo uint32
+	keep any // holds the value, so its address is not reused while writing
+}
+
+// again writes a BINGET when v, a non-empty container, was written before;
+// otherwise it returns the key to remember it under.
+func (p *pickler) again(v any, tag byte) (sharedKey, bool) {
+	rv := reflect.ValueOf(v)
+	if rv.Len() == 0 {
+		return sharedKey{}, false
+	}
+	k := sharedKey{rv.Pointer(), rv.Len(), rv.Kind(), tag}
+	if s, ok := p.shared[k]; ok {
+		p.get(s.memo)
+		return k, true
+	}
+	return k, false
+}
+
+func (p *pickler) remember(k sharedKey, memo uint32, v any) {
+	if k.n > 0 {
+		p.shared[k] = shared{memo, v}
+	}
 }
 
 // batch is an open MARK: items since it, and the opcode that closes it.
@@ -340,12 +509,6 @@ func (p *pickler) end() {
 	p.op(b.op) // an empty batch whose MARK already went out in a frame is still valid
 }
 
-func (p *pickler) kv(k string, v any) {
-	p.str(k)
-	p.any(v)
-	p.item()
-}
-
 func (p *pickler) any(v any) {
 	switch x := v.(type) {
 	case nil:
@@ -370,6 +533,10 @@ func (p *pickler) any(v any) {
 	case string:
 		p.str(x)
 	case []byte:
+		k, done := p.again(x, 'b')
+		if done {
+			return
+		}
 		if len(x) < 256 {
 			p.op(opShortBinBytes, byte(len(x)))
 		} else {
@@ -377,35 +544,48 @@ func (p *pickler) any(v any) {
 			p.buf = binary.LittleEndian.AppendUint32(p.buf, uint32(len(x)))
 		}
 		p.buf = append(p.buf, x...)
+		p.remember(k, p.memoize(), x)
 	case []any:
-		p.listStart()
+		k, done := p.again(x, 'l')
+		if done {
+			return
+		}
+		p.remember(k, p.listStart(), x)
 		for _, it := range x {
 			p.any(it)
 			p.item()
 		}
 		p.listEnd()
 	case Tuple:
-		p.op(opMark)
+		k, done := p.again(x, 't')
+		if done {
+			return
+		}
+		if len(x) == 0 {
+			p.op(opEmptyTuple)
+			return
+		}
+		if len(x) > 3 {
+			p.op(opMark)
+		}
 		for _, it := range x {
 			p.any(it)
 		}
-		p.op(opTuple)
-	case map[string]any:
-		p.dictStart()
-		for _, k := range sortedKeys(x) {
-			p.kv(k, x[k])
+		if len(x) > 3 {
+			p.op(opTuple)
+		} else {
+			p.op(opTuple1 + byte(len(x)-1))
 		}
-		p.dictEnd()
-	case map[any]any:
-		keys := make([]any, 0, len(x))
-		for k := range x {
-			keys = append(keys, k)
+		p.remember(k, p.memoize(), x)
+	case Dict:
+		k, done := p.again(x, 'd')
+		if done {
+			return
 		}
-		sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
-		p.dictStart()
-		for _, k := range keys {
-			p.any(k)
-			p.any(x[k])
+		p.remember(k, p.dictStart(), x)
+		for _, kv := range x {
+			p.any(kv.Key)
+			p.any(kv.Value)
 			p.item()
 		}
 		p.dictEnd()
@@ -441,6 +621,16 @@ func (p *pickler) frame(f gpu.Frame) {
 	}
 	if idx, ok := p.frames[f]; ok {
 		p.get(idx)
+		return
+	}
+	if f.Extra != "" {
+		p.frames[f] = p.dictStart()
+		for _, kv := range frameAny(f) {
+			p.any(kv.Key)
+			p.any(kv.Value)
+			p.item()
+		}
+		p.dictEnd()
 		return
 	}
 	p.op(opEmptyDict)

@@ -6,7 +6,8 @@ import (
 )
 
 // FuzzDecode: any input gives traces or an error, never a panic; what
-// decodes also exports and decodes again.
+// decodes also exports, and the export decodes to traces that export to
+// the same bytes again.
 func FuzzDecode(f *testing.F) {
 	f.Add([]byte("\x80\x04]\x94."))
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -19,8 +20,16 @@ func FuzzDecode(f *testing.F) {
 		if err := Export(&out, traces...); err != nil {
 			t.Fatalf("export: %v", err)
 		}
-		if _, err := Decode(&out); err != nil {
+		again, err := Decode(bytes.NewReader(out.Bytes()))
+		if err != nil {
 			t.Fatalf("decoding the export: %v", err)
+		}
+		var out2 bytes.Buffer
+		if err := Export(&out2, again...); err != nil {
+			t.Fatalf("export of the export: %v", err)
+		}
+		if !bytes.Equal(out.Bytes(), out2.Bytes()) {
+			t.Fatalf("the export of the export differs (%d bytes, then %d)", out.Len(), out2.Len())
 		}
 	})
 }

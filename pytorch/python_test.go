@@ -14,29 +14,10 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 
 	ogórek "github.com/kisielk/og-rek"
 )
-
-// python3 runs a script with CPython's standard pickle module; missing
-// python3 fails the test in CI and skips it elsewhere.
-func python3(t *testing.T, script string, args ...string) []byte {
-	t.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is needed for this test")
-		}
-		t.Skip("python3 is not installed")
-	}
-	cmd := exec.Command("python3", append([]string{"-c", script}, args...)...)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("python3: %v\n%s", err, stderr.String())
-	}
-	return out
-}
 
 // figuresScript prints per-device figures of each snapshot named on the
 // command line, computed with the standard pickle module.
@@ -83,7 +64,7 @@ func goFigures(traces []*Trace) map[string]pyFigures {
 
 // Every real file, and our export of it, give the figures CPython gives.
 func TestAgainstCPythonPickle(t *testing.T) {
-	dir := realDir(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	tmp := t.TempDir()
 	var paths []string
 	want := map[string]map[string]pyFigures{}
@@ -107,7 +88,7 @@ func TestAgainstCPythonPickle(t *testing.T) {
 	}
 	sort.Strings(paths)
 	var got map[string]map[string]pyFigures
-	if err := json.Unmarshal(python3(t, figuresScript, paths...), &got); err != nil {
+	if err := json.Unmarshal(testkit.Python3(t, figuresScript, paths...), &got); err != nil {
 		t.Fatal(err)
 	}
 	for _, p := range paths {
@@ -140,7 +121,7 @@ import pickletools, sys
 print(" ".join(sorted({op.name for op, _, _ in pickletools.genops(sys.stdin.buffer.read())})))`
 	cmd := exec.Command("python3", "-c", script)
 	if _, err := exec.LookPath("python3"); err != nil {
-		python3(t, "") // skips or fails as the environment says
+		testkit.Python3(t, "") // skips or fails as the environment says
 	}
 	cmd.Stdin = &out
 	res, err := cmd.Output()
@@ -155,22 +136,23 @@ print(" ".join(sorted({op.name for op, _, _ in pickletools.genops(sys.stdin.buff
 	}
 }
 
-// Snapshots re-pickled with protocols 2, 3 and 5 (the C++ writer and
-// Python 3.14 write those) give the same traces.
+// Snapshots re-pickled with protocols 0 to 3 and 5 (the C++ writer and
+// Python 3.14 write 2 and 5; _memory_viz.py reads them all) give the same
+// traces.
 func TestOtherProtocols(t *testing.T) {
-	src := filepath.Join(realDir(t), "snapshot_action_entry.pickle")
+	src := testkit.Snapshot(t, "snapshot_action_entry.pickle")
 	tmp := t.TempDir()
-	python3(t, `
+	testkit.Python3(t, `
 import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))
-for p in (2, 3, 5):
+for p in (0, 1, 2, 3, 5):
     pickle.dump(s, open("%s/p%d.pickle" % (sys.argv[2], p), "wb"), protocol=p)
 `, src, tmp)
 	want, err := DecodeFile(src)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range []int{2, 3, 5} {
+	for _, p := range []int{0, 1, 2, 3, 5} {
 		got, err := DecodeFile(filepath.Join(tmp, fmt.Sprintf("p%d.pickle", p)))
 		if err != nil {
 			t.Fatalf("protocol %d: %v", p, err)
@@ -183,7 +165,7 @@ for p in (2, 3, 5):
 func TestOSSystemPickleRefused(t *testing.T) {
 	tmp := t.TempDir()
 	marker := filepath.Join(tmp, "ran")
-	python3(t, `
+	testkit.Python3(t, `
 import os, pickle, sys
 class Evil:
     def __reduce__(self):
@@ -197,7 +179,7 @@ for p in range(0, 6):
 			t.Fatal(err)
 		}
 		_, err = Unpickle(bytes.NewReader(b))
-		if p >= 2 && (err == nil || !strings.Contains(err.Error(), "GLOBAL")) {
+		if !errors.Is(err, ErrRefused) || !strings.Contains(err.Error(), "GLOBAL") {
 			t.Errorf("protocol %d: %v", p, err)
 		}
 		if _, err := Decode(bytes.NewReader(b)); err == nil {
@@ -212,7 +194,7 @@ for p in range(0, 6):
 // og-rek is the oracle for generic decoding of small pickles.
 func TestAgainstOgRek(t *testing.T) {
 	tmp := t.TempDir()
-	python3(t, `
+	testkit.Python3(t, `
 import pickle, sys
 shared = [1, 2]
 word = "repeated"
@@ -297,10 +279,10 @@ func canon(v any) string {
 		return "(" + canonList(x) + ")"
 	case ogórek.Tuple:
 		return "(" + canonList(x) + ")"
-	case map[string]any:
+	case Dict:
 		m := map[any]any{}
-		for k, v := range x {
-			m[k] = v
+		for _, kv := range x {
+			m[kv.Key] = kv.Value
 		}
 		return canonMap(m)
 	case map[any]any:
@@ -331,3 +313,54 @@ func canonMap(m map[any]any) string {
 }
 
 var _ = gpu.ActionAlloc
+
+// Every real file, and the same files pickled with protocols 0 and 1,
+// decode and export to the Python value CPython unpickles from the
+// original, every dict's keys in their order (testdata/compare_snapshots.py).
+func TestExportSameValueAsCPython(t *testing.T) {
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
+	tmp := t.TempDir()
+	testkit.Python3(t, `
+import pickle, sys
+s = pickle.load(open(sys.argv[1], "rb"))
+for p in (0, 1):
+    pickle.dump(s, open("%s/expandable_oom_multigpu.p%d.pickle" % (sys.argv[2], p), "wb"), protocol=p)
+`, filepath.Join(dir, "expandable_oom_multigpu.pickle"), tmp)
+	var args []string
+	for name := range expected {
+		args = append(args, filepath.Join(dir, name))
+	}
+	args = append(args, filepath.Join(tmp, "expandable_oom_multigpu.p0.pickle"), filepath.Join(tmp, "expandable_oom_multigpu.p1.pickle"))
+	var pairs []string
+	for _, in := range args {
+		traces, err := DecodeFile(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out bytes.Buffer
+		if err := Export(&out, traces...); err != nil {
+			t.Fatal(err)
+		}
+		exp := filepath.Join(tmp, "exported-"+filepath.Base(in))
+		if err := os.WriteFile(exp, out.Bytes(), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		pairs = append(pairs, in, exp)
+	}
+	script, err := os.ReadFile("testdata/compare_snapshots.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got map[string]struct {
+		Equal        bool
+		Diffs, Order []string
+	}
+	if err := json.Unmarshal(testkit.Python3(t, string(script), pairs...), &got); err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < len(pairs); i += 2 {
+		if c := got[pairs[i]]; !c.Equal || len(c.Diffs)+len(c.Order) > 0 {
+			t.Errorf("%s: %+v", filepath.Base(pairs[i-1]), c)
+		}
+	}
+}

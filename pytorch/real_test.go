@@ -1,27 +1,12 @@
 package pytorch
 
 import (
-	"os"
 	"path/filepath"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 )
-
-// realDir holds the real snapshots: ../../shared beside the checkout's
-// packages here, ../shared beside the clone in CI.
-func realDir(t testing.TB) string {
-	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch"} {
-		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
-			return dir
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
-	}
-	t.Skip("the real snapshots (shared/testdata/pytorch) are not here")
-	return ""
-}
 
 type fileFigures struct {
 	segments, blocks               int
@@ -49,7 +34,7 @@ var expected = map[string]fileFigures{
 }
 
 func TestRealSnapshots(t *testing.T) {
-	dir := realDir(t)
+	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	for name, want := range expected {
 		t.Run(name, func(t *testing.T) {
 			traces, err := DecodeFile(filepath.Join(dir, name))
@@ -101,23 +86,22 @@ var _ = gpu.ActionAlloc
 // A snapshot replays under the settings its allocator had: its
 // PYTORCH_CUDA_ALLOC_CONF, unless allocator_settings say otherwise.
 func TestRecordingSettings(t *testing.T) {
-	raw := map[string]any{"max_split_size": int64(128 << 20), "expandable_segments": true, "garbage_collection_threshold": 0.0}
+	raw := Dict{{"max_split_size", int64(128 << 20)}, {"expandable_segments", true}, {"garbage_collection_threshold", 0.0}}
 	for _, c := range []struct {
 		s    Settings
 		want string
 	}{
-		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(map[string]any{"expandable_segments": true})}, "expandable_segments:True"},
-		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: map[string]any{"garbage_collection_threshold": 0.0}}, ""},
+		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(Dict{{"expandable_segments", true}})}, "expandable_segments:True"},
+		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: Dict{{"garbage_collection_threshold", 0.0}}}, ""},
 		// Changed at run time: the settings the allocator reports win.
 		{Settings{Conf: "expandable_segments:True", Rules: rulesFrom(raw), Raw: raw}, "expandable_segments:True,max_split_size_mb:128"},
-		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: map[string]any{"garbage_collection_threshold": 0.6}}, "garbage_collection_threshold:0.6"},
+		{Settings{Conf: "", Rules: gpu.DefaultRules(), Raw: Dict{{"garbage_collection_threshold", 0.6}}}, "garbage_collection_threshold:0.6"},
 	} {
 		if got := c.s.Replay(); got != c.want {
 			t.Errorf("%+v: %q, want %q", c.s, got, c.want)
 		}
 	}
-	dir := realDir(t)
-	traces, err := DecodeFile(filepath.Join(dir, "expandable_oom_multigpu.pickle"))
+	traces, err := DecodeFile(testkit.Snapshot(t, "expandable_oom_multigpu.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,7 +27,8 @@ type Trace struct {
 	// Events are the device's trace entries, oldest first, Seq 0..n-1.
 	// BlockSize is filled by replaying them forward from Initial.
 	Events []gpu.Event
-	// HasTime: the entries carry time_us; otherwise TimeUS is the index.
+	// HasTime: the entries carry time_us; otherwise TimeUS is the index
+	// (and the entries' forms leave time_us out).
 	HasTime bool
 	// ExtraOf[i] is 1 + the index in Extras of event i's other fields, 0
 	// when it has none; nil when no event has any.
@@ -38,15 +39,29 @@ type Trace struct {
 	// Stacks[i-1].
 	Stacks []gpu.Stack
 
-	Annotations []Annotation
+	// Snapshot is the file's top level, shared by the traces decoded from
+	// it; nil for a trace made otherwise (PyTorch's own top level then).
+	Snapshot *Snapshot
+
 	// Mismatches are the events that did not fit the layout when undone
 	// or replayed, and where the replay ended apart from the snapshot.
 	Mismatches []gpu.MismatchError
 	// Warnings are file-level oddities that were clamped, not refused.
 	Warnings []string
-	// Other holds top-level keys this package does not know (for example
-	// host_segments), kept for export.
-	Other map[string]any
+}
+
+// Annotations returns the external_annotations of the trace's device.
+func (t *Trace) Annotations() []Annotation {
+	if t.Snapshot == nil {
+		return nil
+	}
+	var out []Annotation
+	for _, a := range t.Snapshot.Annotations {
+		if a.Device == t.Device {
+			out = append(out, a)
+		}
+	}
+	return out
 }
 
 // Stack returns the stack of id, nil for 0 or an unknown id.
@@ -104,18 +119,37 @@ func (t *Trace) OOMs() int {
 
 // SegmentInfo is what a snapshot says about a segment beyond gpu.Segment.
 type SegmentInfo struct {
-	PoolID [2]int64    `json:"segment_pool_id"` // (0, 0) is the default pool
-	Stack  gpu.StackID `json:"stack,omitempty"` // where the segment was allocated
+	PoolID [2]int64    // segment_pool_id; (0, 0) is the default pool
+	Stack  gpu.StackID // where the segment was allocated
+	// Index is the segment's place in the file's segments list, which
+	// holds every device's; export writes segments in this order, then by
+	// device and address.
+	Index int
+	// Form is how the segment's dict was written; nil as PyTorch does.
+	Form *Form
+	// Blocks are the forms of the segment's blocks, in order; nil when
+	// every block is written as PyTorch does.
+	Blocks []*Form
+}
+
+// blockForm returns the form of block j.
+func (s *SegmentInfo) blockForm(j int) *Form {
+	if j < len(s.Blocks) {
+		return s.Blocks[j]
+	}
+	return nil
 }
 
 // Annotation is an external_annotations entry (a record_function or
-// dynamo region boundary).
+// dynamo region boundary, or a workload's step).
 type Annotation struct {
-	Stage  string         `json:"stage"` // "START" or "END"
-	Name   string         `json:"name"`
-	Device int            `json:"device"`
-	TimeUS int64          `json:"time_us"`
-	Other  map[string]any `json:"other,omitempty"`
+	Stage  string // "START" or "END"
+	Name   string
+	Device int
+	TimeUS int64
+	// Form is how the entry was written; nil as PyTorch does (stage,
+	// name, device, time_us).
+	Form *Form
 }
 
 // Settings are the allocator settings a snapshot records.
@@ -124,7 +158,7 @@ type Settings struct {
 	Conf  string
 	Rules gpu.Rules
 	// Raw is allocator_settings as written, nil when the file has none.
-	Raw map[string]any
+	Raw Dict
 }
 
 // Replay is the settings to replay under, PYTORCH_CUDA_ALLOC_CONF syntax:
@@ -132,40 +166,56 @@ type Settings struct {
 // time with _set_allocator_settings), then what they say.
 func (s Settings) Replay() string {
 	c, err := caching.ParseConfig(s.Conf)
-	gc, _ := s.Raw["garbage_collection_threshold"].(float64)
-	if err == nil && c.Rules == s.Rules && (s.Raw["garbage_collection_threshold"] == nil || c.GarbageCollectionThreshold == gc) {
+	gcv, _ := s.Raw.Get("garbage_collection_threshold")
+	gc, _ := gcv.(float64)
+	if err == nil && c.Rules == s.Rules && (gcv == nil || c.GarbageCollectionThreshold == gc) {
 		return s.Conf
 	}
 	return caching.Config{Rules: s.Rules, GarbageCollectionThreshold: gc}.String()
 }
 
-// SettingsFromRules describes rules as allocator_settings, for export.
+// SettingsFromRules describes an allocator's settings as PyTorch writes
+// allocator_settings: every key, in PyTorch's order. conf is its
+// PYTORCH_CUDA_ALLOC_CONF, which gives what rules do not hold.
 func SettingsFromRules(conf string, r gpu.Rules) Settings {
 	split := int64(-1)
 	if r.MaxSplitSize != gpu.Unlimited && r.MaxSplitSize != 0 {
 		split = int64(min(r.MaxSplitSize, math.MaxInt64))
 	}
-	div := map[string]any{}
-	for i, v := range r.RoundupDivisions {
-		div[strconv.Itoa(1<<i)] = int64(v)
+	cfg, err := caching.ParseConfig(conf)
+	if err != nil {
+		cfg = caching.DefaultConfig()
 	}
-	return Settings{Conf: conf, Rules: r, Raw: map[string]any{
-		"PYTORCH_CUDA_ALLOC_CONF": conf, "max_split_size": split,
-		"expandable_segments": r.Expandable, "roundup_power2_divisions": div,
+	div := make(Dict, len(r.RoundupDivisions))
+	for i, v := range r.RoundupDivisions {
+		div[i] = KV{strconv.Itoa(1 << i), int64(v)}
+	}
+	return Settings{Conf: conf, Rules: r, Raw: Dict{
+		{"PYTORCH_CUDA_ALLOC_CONF", conf},
+		{"max_split_size", split},
+		{"garbage_collection_threshold", cfg.GarbageCollectionThreshold},
+		{"expandable_segments", r.Expandable},
+		{"pinned_num_register_threads", int64(1)},
+		{"release_lock_on_cudamalloc", cfg.ReleaseLockOnCudaMalloc},
+		{"pinned_use_cuda_host_register", false},
+		{"roundup_power2_divisions", div},
 	}}
 }
 
 // rulesFrom reads gpu.Rules out of allocator_settings.
-func rulesFrom(raw map[string]any) gpu.Rules {
+func rulesFrom(raw Dict) gpu.Rules {
 	r := gpu.DefaultRules()
-	if v, ok := raw["max_split_size"].(int64); ok && v >= 0 {
+	get := func(k string) any { v, _ := raw.Get(k); return v }
+	if v, ok := get("max_split_size").(int64); ok && v >= 0 {
 		r.MaxSplitSize = uint64(v)
 	}
-	if v, ok := raw["expandable_segments"].(bool); ok {
+	if v, ok := get("expandable_segments").(bool); ok {
 		r.Expandable = v
 	}
-	if div, ok := raw["roundup_power2_divisions"].(map[string]any); ok {
-		for k, v := range div {
+	if div, ok := get("roundup_power2_divisions").(Dict); ok {
+		for _, kv := range div {
+			k, _ := kv.Key.(string)
+			v := kv.Value
 			mb, err := strconv.ParseUint(k, 10, 64)
 			n, ok := v.(int64)
 			if err != nil || !ok || n < 0 || mb == 0 || mb&(mb-1) != 0 {

@@ -8,7 +8,7 @@ package pytorch
 // keeps values in 24-byte tagged structs, interns every string, turns each
 // frames list into an interned stack the moment it is set in its dict, and
 // turns trace entries into gpu.Events as they are appended to their list,
-// dropping the dicts. It understands the data opcodes of protocols 2 to 5
+// dropping the dicts. It understands the data opcodes of protocols 0 to 5
 // only; every opcode that imports or calls Python code is refused, so
 // nothing from the file is ever executed.
 
@@ -51,6 +51,7 @@ const (
 	opLong           = 'L'
 	opBinInt2        = 'M'
 	opNone           = 'N'
+	opString         = 'S'
 	opBinString      = 'T'
 	opShortBinString = 'U'
 	opUnicode        = 'V'
@@ -131,6 +132,11 @@ type decoder struct {
 	scratch   []byte
 	extras    []EventExtra
 	extraIdx  map[extraKey]uint32
+	orderBuf  []byte
+	keyOrders []string          // distinct key orders of trace entries, as string ids
+	orderIdx  map[string]uint32 // index+1 in keyOrders
+	lastOrder uint32            // the key order of the entry before
+	forms     map[string]*Form  // forms without values, by their keys
 	actionOf  map[uint32]gpu.Action
 	wideLines int // frame lines beyond 64 bits, clamped
 
@@ -144,6 +150,7 @@ type decoder struct {
 type frameKey struct {
 	name, file uint32
 	line       uint64
+	extra      string // canonical text of the keys beyond name, filename, line
 }
 
 func newDecoder(r io.Reader, snap bool) *decoder {
@@ -159,6 +166,8 @@ func newDecoder(r io.Reader, snap bool) *decoder {
 		d.frameIdx = map[frameKey]uint32{}
 		d.stackIdx = map[string]gpu.StackID{"": 0}
 		d.extraIdx = map[extraKey]uint32{}
+		d.orderIdx = map[string]uint32{}
+		d.forms = map[string]*Form{}
 		d.actionOf = map[uint32]gpu.Action{}
 		for a := gpu.ActionAlloc; a <= gpu.ActionOOM; a++ {
 			d.actionOf[d.intern([]byte(a.String()))] = a
@@ -345,8 +354,8 @@ func (d *decoder) step(op byte, at int64) error {
 		if err != nil {
 			return err
 		}
-		if b[0] < 2 || b[0] > 5 {
-			return d.fail(at, "pickle protocol %d is not supported (2 to 5 are)", b[0])
+		if b[0] > 5 {
+			return d.fail(at, "pickle protocol %d is not supported (0 to 5 are)", b[0])
 		}
 	case opFrame:
 		if _, err := d.arg(8, op, at); err != nil {
@@ -427,7 +436,7 @@ func (d *decoder) step(op byte, at int64) error {
 		return d.str(op, at, 4)
 	case opBinUnicode8, opBinBytes8, opByteArray8:
 		return d.str(op, at, 8)
-	case opInt, opLong, opFloat, opUnicode, opGet, opPut:
+	case opInt, opLong, opFloat, opString, opUnicode, opGet, opPut:
 		return d.text(op, at)
 	case opEmptyDict:
 		return d.push(d.newObj(kDict, nil))
@@ -651,6 +660,17 @@ func (d *decoder) text(op byte, at int64) error {
 		return d.push(Value{kind: kFloat, bits: math.Float64bits(f)})
 	case opUnicode:
 		return d.push(Value{kind: kStr, bits: uint64(d.intern([]byte(unescapeRaw(s))))})
+	case opString:
+		// Python 2's str: a quoted literal with backslash escapes, read
+		// by Python 3 as ASCII text.
+		if len(s) < 2 || s[0] != s[len(s)-1] || s[0] != '\'' && s[0] != '"' {
+			return d.fail(at, "STRING: the argument must be quoted, found %q", clip(s))
+		}
+		b, ok := unescapeString(s[1 : len(s)-1])
+		if !ok {
+			return bad()
+		}
+		return d.push(Value{kind: kStr, bits: uint64(d.intern(b))})
 	case opGet, opPut:
 		idx, err := strconv.ParseUint(s, 10, 32)
 		if err != nil {
@@ -706,6 +726,54 @@ func unescapeRaw(s string) string {
 	return b.String()
 }
 
+// unescapeString undoes the escapes of a Python 2 string literal
+// (codecs.escape_decode); the result must be ASCII.
+func unescapeString(s string) ([]byte, bool) {
+	var b []byte
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c != '\\' {
+			b = append(b, c)
+			continue
+		}
+		if i++; i == len(s) {
+			return nil, false
+		}
+		switch c = s[i]; c {
+		case '\n': // a line continuation
+		case '\\', '\'', '"':
+			b = append(b, c)
+		case 'a', 'b', 'f', 'n', 'r', 't', 'v':
+			b = append(b, "\a\b\f\n\r\t\v"[strings.IndexByte("abfnrtv", c)])
+		case 'x':
+			if i+2 >= len(s) {
+				return nil, false
+			}
+			n, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
+			if err != nil {
+				return nil, false
+			}
+			b = append(b, byte(n))
+			i += 2
+		case '0', '1', '2', '3', '4', '5', '6', '7':
+			n, j := 0, i
+			for ; j < len(s) && j < i+3 && s[j] >= '0' && s[j] <= '7'; j++ {
+				n = n*8 + int(s[j]-'0')
+			}
+			b = append(b, byte(n))
+			i = j - 1
+		default:
+			b = append(b, '\\', c)
+		}
+	}
+	for _, c := range b {
+		if c >= 0x80 {
+			return nil, false
+		}
+	}
+	return b, true
+}
+
 func clip(s string) string {
 	if len(s) > 40 {
 		return s[:40] + "..."
@@ -718,7 +786,7 @@ var opNames = map[byte]string{
 	opFloat: "FLOAT", opInt: "INT", opBinInt: "BININT", opBinInt1: "BININT1", opLong: "LONG",
 	opBinInt2: "BININT2", opNone: "NONE", opBinString: "BINSTRING", opShortBinString: "SHORT_BINSTRING",
 	opUnicode: "UNICODE", opBinUnicode: "BINUNICODE", opAppend: "APPEND", opDict: "DICT",
-	opEmptyDict: "EMPTY_DICT", opAppends: "APPENDS", opGet: "GET", opBinGet: "BINGET",
+	opEmptyDict: "EMPTY_DICT", opAppends: "APPENDS", opGet: "GET", opBinGet: "BINGET", opString: "STRING",
 	opLongBinGet: "LONG_BINGET", opList: "LIST", opEmptyList: "EMPTY_LIST", opPut: "PUT",
 	opBinPut: "BINPUT", opLongBinPut: "LONG_BINPUT", opSetItem: "SETITEM", opTuple: "TUPLE",
 	opEmptyTuple: "EMPTY_TUPLE", opSetItems: "SETITEMS", opBinFloat: "BINFLOAT", opProto: "PROTO",

@@ -1,10 +1,12 @@
 package pytorch
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/big"
-	"sort"
+
+	"vramscope/gpu"
 )
 
 // kind says what a Value holds.
@@ -55,8 +57,6 @@ type object struct {
 // memoFar is object.memo for an object whose slot is in the memo's map.
 const memoFar = -2
 
-func (v Value) isContainer() bool { return v.kind == kList || v.kind == kTuple || v.kind == kDict }
-
 // int64 returns an integer value that fits in int64.
 func (v Value) int64() (int64, bool) {
 	switch v.kind {
@@ -91,13 +91,57 @@ func (v Value) uint64() (u uint64, exact, ok bool) {
 // Tuple is a decoded Python tuple.
 type Tuple []any
 
+// Dict is a decoded Python dict: its items in the order they were set. A
+// key set twice keeps its first place and its last value, as in Python.
+type Dict []KV
+
+// KV is one item of a Dict.
+type KV struct {
+	Key   any
+	Value any
+}
+
+// Get returns the value of a string key.
+func (d Dict) Get(key string) (any, bool) {
+	for _, kv := range d {
+		if k, ok := kv.Key.(string); ok && k == key {
+			return kv.Value, true
+		}
+	}
+	return nil, false
+}
+
+// MarshalJSON writes the dict as a JSON object in its own key order.
+func (d Dict) MarshalJSON() ([]byte, error) {
+	b := []byte{'{'}
+	for i, kv := range d {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, ok := kv.Key.(string)
+		if !ok {
+			k = fmt.Sprint(kv.Key)
+		}
+		kb, err := json.Marshal(k)
+		if err != nil {
+			return nil, err
+		}
+		vb, err := json.Marshal(kv.Value)
+		if err != nil {
+			return nil, err
+		}
+		b = append(append(append(b, kb...), ':'), vb...)
+	}
+	return append(b, '}'), nil
+}
+
 // errTooLarge is returned when a value expands beyond the budget: shared
 // memo references can make a small file describe a huge tree.
 var errTooLarge = fmt.Errorf("the data expands to more values than the file can hold (shared references)")
 
 // toAny turns a Value into plain Go values: nil, bool, int64, uint64,
-// *big.Int, float64, string, []byte, []any, Tuple, map[string]any (or
-// map[any]any when a key is not a string). budget bounds the nodes made.
+// *big.Int, float64, string, []byte, []any, Tuple, Dict. budget bounds the
+// nodes made.
 func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 	if *budget--; *budget < 0 {
 		return nil, errTooLarge
@@ -131,17 +175,12 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 		}
 		return []byte(d.strs[v.bits]), nil
 	case kStack:
-		out := []any{}
 		if v.bits == 0 {
-			return out, nil
+			return []any{}, nil
 		}
-		for _, f := range d.stacks[v.bits-1] {
-			out = append(out, map[string]any{"name": f.Name, "filename": f.Filename, "line": lineAny(f.Line)})
-		}
-		return out, nil
+		return stackAny(d.stacks[v.bits-1]), nil
 	case kFrame:
-		f := d.frames[v.bits]
-		return map[string]any{"name": f.Name, "filename": f.Filename, "line": lineAny(f.Line)}, nil
+		return frameAny(d.frames[v.bits]), nil
 	case kConsumed:
 		return nil, fmt.Errorf("a trace entry is referenced twice")
 	case kList, kTuple:
@@ -162,35 +201,21 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 		return out, nil
 	case kDict:
 		items := v.obj.items
-		allStr := true
-		for i := 0; i < len(items); i += 2 {
-			allStr = allStr && items[i].kind == kStr
+		pairs, err := dictPairs(items)
+		if err != nil {
+			return nil, err
 		}
-		if allStr {
-			m := make(map[string]any, len(items)/2)
-			for i := 0; i < len(items); i += 2 {
-				x, err := d.toAny(items[i+1], depth+1, budget)
-				if err != nil {
-					return nil, err
-				}
-				m[d.strs[items[i].bits]] = x
-			}
-			return m, nil
-		}
-		m := make(map[any]any, len(items)/2)
-		for i := 0; i < len(items); i += 2 {
-			if items[i].isContainer() || items[i].kind == kBytes || items[i].kind == kBig {
-				return nil, fmt.Errorf("dict key of type %s is not supported", items[i].kind)
-			}
-			k, err := d.toAny(items[i], depth+1, budget)
+		m := make(Dict, len(pairs))
+		for i, p := range pairs {
+			k, err := d.toAny(items[p[0]], depth+1, budget)
 			if err != nil {
 				return nil, err
 			}
-			x, err := d.toAny(items[i+1], depth+1, budget)
+			x, err := d.toAny(items[p[1]], depth+1, budget)
 			if err != nil {
 				return nil, err
 			}
-			m[k] = x
+			m[i] = KV{k, x}
 		}
 		return m, nil
 	}
@@ -205,12 +230,92 @@ func lineAny(l uint64) any {
 	return int64(l)
 }
 
-// sortedKeys returns a map's keys in order, for deterministic output.
-func sortedKeys(m map[string]any) []string {
-	ks := make([]string, 0, len(m))
-	for k := range m {
-		ks = append(ks, k)
+// stackAny is a stack as a frames list.
+func stackAny(st gpu.Stack) []any {
+	out := make([]any, len(st))
+	for i, f := range st {
+		out[i] = frameAny(f)
 	}
-	sort.Strings(ks)
-	return ks
+	return out
+}
+
+// frameAny is a frame as its dict: name, filename, line, or as its form
+// says.
+func frameAny(f gpu.Frame) Dict {
+	form := frameForm(f)
+	keys := form.keysOr(frameKeys)
+	m := make(Dict, len(keys))
+	for i, k := range keys {
+		m[i] = KV{k, frameValue(k, f, form)}
+	}
+	return m
+}
+
+// frameForm reads a frame's form; a form that does not read is dropped
+// (the frame is then written as PyTorch does).
+func frameForm(f gpu.Frame) *Form {
+	if f.Extra == "" {
+		return nil
+	}
+	form, err := ParseForm(f.Extra)
+	if err != nil {
+		return nil
+	}
+	return form
+}
+
+// frameValue is what a frame's dict holds under key.
+func frameValue(key string, f gpu.Frame, form *Form) any {
+	if v, ok := form.other(key); ok {
+		return v
+	}
+	switch key {
+	case "name":
+		return f.Name
+	case "filename":
+		return f.Filename
+	case "line":
+		return lineAny(f.Line)
+	}
+	return nil
+}
+
+// dictPairs returns, for each distinct key of a dict's items in the order
+// first set, the index of the key and of its last value, as Python keeps
+// them. Keys must be scalars (str, int, float, bool, None).
+func dictPairs(items []Value) ([][2]int, error) {
+	pairs := make([][2]int, 0, len(items)/2)
+	var pos map[Value]int
+	if len(items) > 32 {
+		pos = make(map[Value]int, len(items)/2)
+	}
+	for i := 0; i < len(items); i += 2 {
+		k := items[i]
+		switch k.kind {
+		case kNone, kBool, kInt, kUint, kFloat, kStr:
+		default:
+			return nil, fmt.Errorf("dict key of type %s is not supported", k.kind)
+		}
+		j := -1
+		if pos != nil {
+			if at, ok := pos[k]; ok {
+				j = at
+			} else {
+				pos[k] = len(pairs)
+			}
+		} else {
+			for at, p := range pairs {
+				if items[p[0]] == k {
+					j = at
+					break
+				}
+			}
+		}
+		if j >= 0 {
+			pairs[j][1] = i + 1
+		} else {
+			pairs = append(pairs, [2]int{i, i + 1})
+		}
+	}
+	return pairs, nil
 }

@@ -13,7 +13,7 @@ import (
 )
 
 const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
-	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us`
+	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us, upload`
 
 type scanner interface{ Scan(...any) error }
 
@@ -22,7 +22,7 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 	var tid, capacity, pr, pa, pc, created int64
 	var rules, source, status string
 	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
-		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created)
+		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created, &t.Upload)
 	if err != nil {
 		return 0, t, err
 	}
@@ -38,6 +38,28 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 // Traces lists every trace, newest first.
 func (db *DB) Traces() ([]gpu.Trace, error) {
 	rows, err := db.r.Query("SELECT " + traceCols + " FROM traces ORDER BY created_us DESC, tid DESC")
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.Trace
+	for rows.Next() {
+		_, t, err := scanTrace(rows)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, t)
+	}
+	return out, rows.Err()
+}
+
+// UploadTraces lists the traces of one upload (the devices of a snapshot),
+// by device.
+func (db *DB) UploadTraces(upload string) ([]gpu.Trace, error) {
+	if upload == "" {
+		return nil, nil
+	}
+	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE upload = ? ORDER BY device_ordinal, tid", upload)
 	if err != nil {
 		return nil, err
 	}

@@ -121,6 +121,7 @@ type pending struct {
 	bins        []binRow
 	classes     []binKey
 	incidents   []gpu.Incident
+	snapshot    snapshotRows
 	events      int
 }
 
@@ -129,9 +130,10 @@ type pending struct {
 // and hands finished rows to the database's writer goroutine, so producing
 // and storing overlap.
 type Writer struct {
-	db  *DB
-	tid int64
-	id  string
+	db     *DB
+	tid    int64
+	id     string
+	upload string
 
 	mu      sync.Mutex
 	closed  bool
@@ -205,10 +207,14 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	ck := appendLayout(nil, w.layout)
 	openBlob := w.openBlob()
 	err = db.write(func(tx *sql.Tx) error {
+		if err := uploadExists(tx, meta.Upload); err != nil {
+			return err
+		}
+		w.upload = meta.Upload
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
-			peak_reserved, peak_allocated, peak_active) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			peak_reserved, peak_allocated, peak_active, upload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active))
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active), meta.Upload)
 		if err != nil {
 			return err
 		}
@@ -532,14 +538,29 @@ func (w *Writer) Abort() error {
 	return w.db.write(func(tx *sql.Tx) error { return deleteTrace(tx, w.tid) })
 }
 
-var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open", "traces"}
+var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open",
+	"annotations", "event_extras", "event_extra_runs", "snapshot_segments", "traces"}
 
+// deleteTrace removes a trace, and its upload when no other trace is left
+// of it.
 func deleteTrace(tx *sql.Tx, tid int64) error {
+	var upload string
+	if err := tx.QueryRow("SELECT upload FROM traces WHERE tid = ?", tid).Scan(&upload); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
 	if _, err := tx.Exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
 		return err
 	}
 	for _, t := range traceTables {
 		if _, err := tx.Exec("DELETE FROM "+t+" WHERE tid = ?", tid); err != nil {
+			return err
+		}
+	}
+	if upload == "" {
+		return nil
+	}
+	for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
+		if _, err := tx.Exec(del+" AND NOT EXISTS (SELECT 1 FROM traces WHERE upload = ?)", upload, upload); err != nil {
 			return err
 		}
 	}
@@ -612,6 +633,9 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 				return err
 			}
 		}
+	}
+	if err := b.snapshot.store(tx, tid, w.upload); err != nil {
+		return err
 	}
 	for _, in := range b.incidents {
 		if _, err := tx.Exec("INSERT OR REPLACE INTO incidents (tid, n, seq, time_us, size, device_free, stream, stack) VALUES (?,?,?,?,?,?,?,?)",

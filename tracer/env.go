@@ -32,10 +32,37 @@ type Env struct {
 	// Touch, when set, writes to allocated memory (a real GPU's memset), so
 	// the memory is really taken and touched.
 	Touch func(addr, size uint64) error
+	// Annotations takes the workload's regions (its steps and phases) as
+	// START and END annotations, like PyTorch's record_function; nil
+	// drops them.
+	Annotations gpu.Annotator
 	// Notes collects lines the workload wants in the final summary, and
 	// Metrics the figures behind them.
 	Notes   []string
 	Metrics map[string]float64
+
+	regions []string // open regions, innermost last
+}
+
+// begin opens the region name: a START annotation at the allocator's
+// present time. end closes it; Run closes what the workload left open.
+func (e *Env) begin(name string) {
+	e.regions = append(e.regions, name)
+	e.annotate("START", name)
+}
+
+// end closes the innermost open region.
+func (e *Env) end() {
+	if n := len(e.regions); n > 0 {
+		e.annotate("END", e.regions[n-1])
+		e.regions = e.regions[:n-1]
+	}
+}
+
+func (e *Env) annotate(stage, name string) {
+	if e.Annotations != nil {
+		e.Annotations.Annotate(gpu.Annotation{Device: e.Alloc.Device().Ordinal(), TimeUS: e.Alloc.Now(), Stage: stage, Name: name})
+	}
 }
 
 // ErrStopped reports that a workload ended because an allocation failed.
@@ -89,9 +116,12 @@ func (f WorkloadFunc) Run(ctx context.Context, env *Env) error { return f(ctx, e
 
 // Run runs w against env. An out-of-memory error ends the run the way it
 // ends a real job; it is returned (wrapping *caching.OutOfMemoryError) after
-// the events up to it have been flushed.
+// the events up to it have been flushed, and the regions open then end.
 func Run(ctx context.Context, w Workload, env *Env) error {
 	err := w.Run(ctx, env)
+	for len(env.regions) > 0 {
+		env.end()
+	}
 	env.Alloc.Flush()
 	return err
 }

@@ -42,6 +42,7 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 1. Churn: mixed sizes come and go; a few stay as long-lived state.
+	env.begin("churn")
 	var churn []uint64
 	for i := 0; i < 400; i++ {
 		if len(churn) > 0 && r.IntN(3) == 0 {
@@ -64,8 +65,10 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 			return err
 		}
 	}
+	env.end()
 
 	// 2. Big activations fill the device, then are freed: cached, unsplit.
+	env.begin("fill")
 	var big, sizes []uint64
 	for env.Alloc.Reserved() < uint64(f.Fill*float64(capacity)) {
 		size := unit * uint64(4+r.IntN(6))
@@ -83,10 +86,12 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 		}
 	}
 	env.Clock.Advance(1000)
+	env.end()
 
 	// 3. Slightly smaller tensors reuse the cached blocks (best fit, smallest
 	// first), splitting each; a small long-lived tensor (optimizer state, a
 	// KV entry) lands in every remainder and pins the block.
+	env.begin("reuse")
 	slices.Sort(sizes)
 	var reuse, pins []uint64
 	for _, size := range sizes {
@@ -110,9 +115,11 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 		}
 	}
 	env.Clock.Advance(1000)
+	env.end()
 
 	// 4. One large tensor, half the device: more than the driver has free,
 	// less than what the cache holds in pieces.
+	env.begin("allocate_output")
 	free, _, err := env.Alloc.Device().MemInfo()
 	if err != nil {
 		return err

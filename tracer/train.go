@@ -74,6 +74,7 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		env.begin(fmt.Sprintf("ProfilerStep#%d", step))
 		stepFrame := frame("train_step", trainFile, 90)
 		fwd := func(module string, line uint64) gpu.StackID { return st(module, "forward", line, stepFrame, mainFrame) }
 		bwd := func(module string, line uint64) gpu.StackID {
@@ -239,6 +240,7 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 			return err
 		}
 		env.Clock.Advance(10_000)
+		env.end()
 	}
 	env.Notes = append(env.Notes, fmt.Sprintf("train: %d layers, hidden %d, batch %d x %d tokens, %d steps, %d parameters, checkpointing %v",
 		t.Layers, t.Hidden, t.Batch, t.Seq, t.Steps, paramCount(plist, D), t.Checkpointing))

@@ -1,11 +1,13 @@
 package main
 
 import (
+	"bufio"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 
-	"vramscope/gpu"
+	"vramscope/ingest"
 	"vramscope/pytorch"
 	"vramscope/store"
 )
@@ -18,8 +20,9 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("export", stderr)
 	out := fs.String("o", "", "output file (.pickle); - for standard output")
 	dbPath := fs.String("db", defaultDB, "SQLite database")
+	device := fs.Int("device", -1, "write only this device of the trace's upload (default: every device)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope export TRACE -o FILE.pickle [--db PATH]")
+		fmt.Fprintln(stderr, "usage: vramscope export TRACE -o FILE.pickle [--device N] [--db PATH]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseTraceArgs(fs, args)
@@ -34,7 +37,13 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer db.Close()
-	t, err := snapshotOf(db, pos[0])
+	if _, err := db.Trace(pos[0]); err != nil {
+		return usagef("no trace %q in the database", pos[0])
+	}
+	traces, err := ingest.Traces(db, pos[0], *device)
+	if errors.Is(err, store.ErrNotFound) {
+		return usagef("%v", err)
+	}
 	if err != nil {
 		return err
 	}
@@ -47,77 +56,23 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		defer f.Close()
 		w = f
 	}
-	if err := pytorch.Export(w, t); err != nil {
+	bw := bufio.NewWriterSize(w, 1<<20)
+	if err := pytorch.Export(bw, traces...); err != nil {
+		return err
+	}
+	if err := bw.Flush(); err != nil {
 		return err
 	}
 	if f, ok := w.(*os.File); ok && f != os.Stdout {
 		if err := f.Close(); err != nil {
 			return err
 		}
-		fmt.Fprintf(stderr, "wrote %s: %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, len(t.Events), len(t.Final.Segments))
+		events, segments := 0, 0
+		for _, t := range traces {
+			events += len(t.Events)
+			segments += len(t.Final.Segments)
+		}
+		fmt.Fprintf(stderr, "wrote %s: %d devices, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, len(traces), events, segments)
 	}
 	return nil
-}
-
-// snapshotOf reads a stored trace back as a snapshot trace: its final
-// layout, its events and the stacks they name.
-func snapshotOf(db *store.DB, id string) (*pytorch.Trace, error) {
-	tr, err := db.Trace(id)
-	if err != nil {
-		return nil, usagef("no trace %q in the database", id)
-	}
-	initial, _, err := db.LayoutAtSeq(id, -1)
-	if err != nil {
-		return nil, err
-	}
-	final, _, err := db.LayoutAtSeq(id, tr.LastSeq)
-	if err != nil {
-		return nil, err
-	}
-	events, err := db.Events(id, 0, tr.LastSeq+1)
-	if err != nil {
-		return nil, err
-	}
-	// Renumber the stacks the trace uses, 1..n, in order of first use.
-	ids := map[gpu.StackID]gpu.StackID{}
-	var stacks []gpu.Stack
-	remap := func(sid gpu.StackID) (gpu.StackID, error) {
-		if sid == 0 {
-			return 0, nil
-		}
-		if n, ok := ids[sid]; ok {
-			return n, nil
-		}
-		st, err := db.Stack(id, sid)
-		if err != nil {
-			return 0, err
-		}
-		stacks = append(stacks, st)
-		ids[sid] = gpu.StackID(len(stacks))
-		return ids[sid], nil
-	}
-	for _, l := range []*gpu.Layout{initial, final} {
-		for i := range l.Segments {
-			for j := range l.Segments[i].Blocks {
-				b := &l.Segments[i].Blocks[j]
-				if b.Stack, err = remap(b.Stack); err != nil {
-					return nil, err
-				}
-			}
-		}
-	}
-	for i := range events {
-		if events[i].Stack, err = remap(events[i].Stack); err != nil {
-			return nil, err
-		}
-	}
-	return &pytorch.Trace{
-		Device:   tr.DeviceOrdinal,
-		Settings: pytorch.SettingsFromRules(tr.Settings, tr.Rules),
-		Final:    final,
-		Initial:  initial,
-		Events:   events,
-		HasTime:  true,
-		Stacks:   stacks,
-	}, nil
 }

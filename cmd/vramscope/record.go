@@ -14,6 +14,7 @@ import (
 	"vramscope/gpu/caching"
 	"vramscope/gpu/cuda"
 	"vramscope/gpu/sim"
+	"vramscope/ingest"
 	"vramscope/live"
 	"vramscope/replay"
 	"vramscope/store"
@@ -177,16 +178,22 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if source == "" {
 		source = gpu.SourceTrace
 	}
+	upload, err := ingest.RunUpload(db, rec.Name, cfg.String(), cfg.Rules)
+	if err != nil {
+		return out, err
+	}
 	meta := gpu.TraceMeta{Name: rec.Name, Source: source, DeviceOrdinal: dev.Ordinal(),
-		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String()}
+		DeviceName: dev.Name(), Capacity: total, Settings: cfg.String(), Upload: upload}
 	w, err := db.CreateTrace(meta, initial)
 	if err != nil {
+		db.DeleteUpload(upload)
 		return out, err
 	}
 	var local gpu.Recorder = w
 	var stream *live.Client
 	if rec.Live != "" {
 		opt := live.ClientOptions{Meta: meta}
+		opt.Meta.Upload = "" // the upload is this database's
 		if len(initial.Segments) > 0 {
 			if opt.Snapshot, err = json.Marshal(map[string]any{"segments": segmentsJSON(initial.Segments)}); err != nil {
 				w.Abort()
@@ -203,7 +210,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	f := initial.Figures()
 	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}
 	gate.open(sink, a.Seq())
-	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch, Annotations: w}
 
 	done := make(chan struct{})
 	if progress != nil {

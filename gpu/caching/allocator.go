@@ -179,16 +179,21 @@ func (a *Allocator) Flush() {
 	}
 }
 
+// Now is the time events are stamped with at this moment (0 without a
+// clock).
+func (a *Allocator) Now() int64 {
+	if a.now == nil {
+		return 0
+	}
+	return a.now()
+}
+
 func (a *Allocator) emit(action gpu.Action, addr, size uint64, stream int64, blockSize uint64, pool gpu.Pool, stack gpu.StackID) {
 	if a.sink == nil {
 		a.seq++
 		return
 	}
-	var t int64
-	if a.now != nil {
-		t = a.now()
-	}
-	e := gpu.Event{Seq: a.seq, TimeUS: t, Action: action, Stream: stream, Addr: addr, Size: size,
+	e := gpu.Event{Seq: a.seq, TimeUS: a.Now(), Action: action, Stream: stream, Addr: addr, Size: size,
 		BlockSize: blockSize, Pool: pool, Stack: stack}
 	if action == gpu.ActionOOM {
 		e.Addr, e.DeviceFree = 0, addr

@@ -4,9 +4,12 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +21,23 @@ import (
 	"vramscope/store"
 	"vramscope/tracer"
 )
+
+// Snapshot is the path of a real PyTorch snapshot of shared/testdata/pytorch
+// (../../shared beside a package of this checkout, ../shared beside the
+// clone in CI). The test is skipped where they are missing, and fails in CI.
+func Snapshot(tb testing.TB, name string) string {
+	tb.Helper()
+	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch", "../../../shared/testdata/pytorch"} {
+		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
+			return filepath.Join(dir, name)
+		}
+	}
+	if os.Getenv("CI") == "true" {
+		tb.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
+	}
+	tb.Skip("the real snapshots (shared/testdata/pytorch) are not here")
+	return ""
+}
 
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
@@ -54,7 +74,7 @@ func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacit
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr})
+	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr, Annotations: wr})
 	var oom *caching.OutOfMemoryError
 	if runErr != nil && !errors.As(runErr, &oom) {
 		tb.Fatal(runErr)
@@ -63,6 +83,27 @@ func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacit
 		tb.Fatal(err)
 	}
 	return wr.ID()
+}
+
+// Python3 runs a python3 script with the standard library, its arguments
+// after it, and returns what it prints. Without python3 the test fails in
+// CI and is skipped elsewhere.
+func Python3(tb testing.TB, script string, args ...string) []byte {
+	tb.Helper()
+	if _, err := exec.LookPath("python3"); err != nil {
+		if os.Getenv("CI") == "true" {
+			tb.Fatal("python3 is needed for this test")
+		}
+		tb.Skip("python3 is not installed")
+	}
+	cmd := exec.Command("python3", append([]string{"-c", script}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		tb.Fatalf("python3: %v\n%s", err, stderr.String())
+	}
+	return out
 }
 
 // Replaying is a workload that replays reqs, one request per 10 µs.

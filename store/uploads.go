@@ -1,0 +1,374 @@
+package store
+
+// Uploads (a snapshot file or a recorded run, one trace per device) and
+// what they say beyond their events: allocator settings and top level,
+// annotations, trace entries' extras, and a snapshot's segments as the
+// file wrote them.
+
+import (
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"vramscope/gpu"
+)
+
+// CreateUpload stores an upload's record and returns its id; traces join
+// it through TraceMeta.Upload. u.ID and u.Created are set here.
+func (db *DB) CreateUpload(u gpu.Upload) (string, error) {
+	id := newTraceID()
+	var settings any
+	if u.Settings != "" {
+		settings = u.Settings
+	}
+	err := db.write(func(tx *sql.Tx) error {
+		_, err := tx.Exec("INSERT INTO uploads (id, name, created_us, settings, top) VALUES (?,?,?,?,?)",
+			id, u.Name, time.Now().UnixMicro(), settings, u.Top)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("store: create upload: %w", err)
+	}
+	return id, nil
+}
+
+// DeleteUpload removes an upload with its traces and annotations.
+func (db *DB) DeleteUpload(id string) error {
+	return db.write(func(tx *sql.Tx) error {
+		if err := uploadExists(tx, id); err != nil {
+			return err
+		}
+		rows, err := tx.Query("SELECT tid FROM traces WHERE upload = ?", id)
+		if err != nil {
+			return err
+		}
+		var tids []int64
+		for rows.Next() {
+			var tid int64
+			if err := rows.Scan(&tid); err != nil {
+				rows.Close()
+				return err
+			}
+			tids = append(tids, tid)
+		}
+		rows.Close()
+		for _, tid := range tids {
+			if err := deleteTrace(tx, tid); err != nil {
+				return err
+			}
+		}
+		for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
+			if _, err := tx.Exec(del, id); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// uploadExists checks that upload id is stored ("" is no upload).
+func uploadExists(q querier, id string) error {
+	if id == "" {
+		return nil
+	}
+	var n int
+	if err := q.QueryRow("SELECT count(*) FROM uploads WHERE id = ?", id).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("upload %q: %w", id, ErrNotFound)
+	}
+	return nil
+}
+
+// Upload returns an upload's record.
+func (db *DB) Upload(id string) (gpu.Upload, error) {
+	u := gpu.Upload{ID: id}
+	var created int64
+	var settings sql.NullString
+	err := db.r.QueryRow("SELECT name, created_us, settings, top FROM uploads WHERE id = ?", id).Scan(&u.Name, &created, &settings, &u.Top)
+	if errors.Is(err, sql.ErrNoRows) {
+		return u, fmt.Errorf("upload %q: %w", id, ErrNotFound)
+	}
+	u.Created, u.Settings = time.UnixMicro(created).UTC(), settings.String
+	return u, err
+}
+
+// AddAnnotations stores annotations of an upload in the order given, each
+// with the upload's trace of its device (none when the upload has no trace
+// for that device).
+func (db *DB) AddAnnotations(upload string, anns []gpu.Annotation) error {
+	return db.write(func(tx *sql.Tx) error {
+		if err := uploadExists(tx, upload); err != nil {
+			return err
+		}
+		st, err := tx.Prepare(`INSERT INTO annotations (upload, tid, device, time_us, stage, name, form)
+			VALUES (?1, COALESCE((SELECT tid FROM traces WHERE upload = ?1 AND device_ordinal = ?2), 0), ?2, ?3, ?4, ?5, ?6)`)
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for _, a := range anns {
+			if _, err := st.Exec(upload, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Annotations returns a trace's annotations in the order written.
+func (db *DB) Annotations(id string) ([]gpu.Annotation, error) {
+	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE tid = (SELECT tid FROM traces WHERE id = ?) ORDER BY aid", id)
+}
+
+// UploadAnnotations returns every annotation of an upload, whatever its
+// device, in the order written.
+func (db *DB) UploadAnnotations(upload string) ([]gpu.Annotation, error) {
+	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE upload = ? AND upload != '' ORDER BY aid", upload)
+}
+
+func (db *DB) annotations(q string, id string) ([]gpu.Annotation, error) {
+	rows, err := db.r.Query(q, id)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.Annotation
+	for rows.Next() {
+		var a gpu.Annotation
+		var form sql.NullString
+		if err := rows.Scan(&a.Device, &a.TimeUS, &a.Stage, &a.Name, &form); err != nil {
+			return nil, err
+		}
+		a.Form = form.String
+		out = append(out, a)
+	}
+	return out, rows.Err()
+}
+
+// EventExtras returns what a trace's events said beyond the event model:
+// the distinct extras (run.Extra i is extras[i-1]) and which events have
+// which.
+func (db *DB) EventExtras(id string) ([]gpu.EventExtra, []gpu.ExtraRun, error) {
+	tid, _, err := lookup(db.r, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := db.r.Query("SELECT xid, action, compile_context, user_metadata, form FROM event_extras WHERE tid = ? ORDER BY xid", tid)
+	if err != nil {
+		return nil, nil, err
+	}
+	var extras []gpu.EventExtra
+	for rows.Next() {
+		var xid int
+		var action, cc, um, form sql.NullString
+		if err := rows.Scan(&xid, &action, &cc, &um, &form); err != nil {
+			rows.Close()
+			return nil, nil, err
+		}
+		if xid != len(extras)+1 {
+			rows.Close()
+			return nil, nil, fmt.Errorf("trace %s: event extra %d follows %d", id, xid, len(extras))
+		}
+		extras = append(extras, gpu.EventExtra{Action: action.String, CompileContext: cc.String, UserMetadata: um.String, Form: form.String})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, nil, err
+	}
+	rows, err = db.r.Query("SELECT first_seq, xid FROM event_extra_runs WHERE tid = ? ORDER BY first_seq", tid)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer rows.Close()
+	var runs []gpu.ExtraRun
+	for rows.Next() {
+		var r gpu.ExtraRun
+		if err := rows.Scan(&r.Seq, &r.Extra); err != nil {
+			return nil, nil, err
+		}
+		if int(r.Extra) > len(extras) {
+			return nil, nil, fmt.Errorf("trace %s: events from %d have event extra %d of %d", id, r.Seq, r.Extra, len(extras))
+		}
+		runs = append(runs, r)
+	}
+	return extras, runs, rows.Err()
+}
+
+// EventExtra returns the extra of one event; ok is false when it has none.
+func (db *DB) EventExtra(id string, seq int64) (x gpu.EventExtra, ok bool, err error) {
+	var action, cc, um, form sql.NullString
+	err = db.r.QueryRow(`SELECT x.action, x.compile_context, x.user_metadata, x.form FROM traces t
+		JOIN event_extra_runs r ON r.tid = t.tid AND r.first_seq = (SELECT max(first_seq) FROM event_extra_runs WHERE tid = t.tid AND first_seq <= ?)
+		JOIN event_extras x ON x.tid = t.tid AND x.xid = r.xid WHERE t.id = ?`, seq, id).Scan(&action, &cc, &um, &form)
+	if errors.Is(err, sql.ErrNoRows) {
+		return x, false, nil
+	}
+	if err != nil {
+		return x, false, err
+	}
+	return gpu.EventExtra{Action: action.String, CompileContext: cc.String, UserMetadata: um.String, Form: form.String}, true, nil
+}
+
+// SnapshotSegments returns a snapshot's segments as the file wrote them,
+// in file order; none for a trace that is not from a snapshot.
+func (db *DB) SnapshotSegments(id string) ([]gpu.SnapshotSegment, error) {
+	tid, t, err := lookup(db.r, id)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.r.Query("SELECT n, pool_owner, pool_id, stack, layout, form, block_forms FROM snapshot_segments WHERE tid = ? ORDER BY n", tid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.SnapshotSegment
+	for rows.Next() {
+		var s gpu.SnapshotSegment
+		var stack int64
+		var layout []byte
+		var form, blockForms sql.NullString
+		if err := rows.Scan(&s.Index, &s.PoolID[0], &s.PoolID[1], &stack, &layout, &form, &blockForms); err != nil {
+			return nil, err
+		}
+		l, err := decodeLayout(layout, t.Rules)
+		if err != nil || len(l.Segments) != 1 {
+			return nil, fmt.Errorf("trace %s: snapshot segment %d: corrupt (%v)", id, s.Index, err)
+		}
+		s.Segment, s.Stack, s.Form = l.Segments[0], gpu.StackID(stack), form.String
+		if blockForms.Valid {
+			if err := json.Unmarshal([]byte(blockForms.String), &s.BlockForms); err != nil {
+				return nil, fmt.Errorf("trace %s: snapshot segment %d: block forms: %w", id, s.Index, err)
+			}
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
+}
+
+// Stacks returns every stack of a trace: stack id i is out[i-1].
+func (db *DB) Stacks(id string) ([]gpu.Stack, error) {
+	tid, _, err := lookup(db.r, id)
+	if err != nil {
+		return nil, err
+	}
+	rows, err := db.r.Query("SELECT sid, frames FROM stacks WHERE tid = ? ORDER BY sid", tid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.Stack
+	for rows.Next() {
+		var sid int
+		var frames string
+		if err := rows.Scan(&sid, &frames); err != nil {
+			return nil, err
+		}
+		if sid < 1 || sid > len(out)+(1<<20) {
+			return nil, fmt.Errorf("trace %s: stack id %d", id, sid)
+		}
+		for len(out) < sid {
+			out = append(out, nil)
+		}
+		if err := json.Unmarshal([]byte(frames), &out[sid-1]); err != nil {
+			return nil, fmt.Errorf("trace %s: stack %d: %w", id, sid, err)
+		}
+	}
+	return out, rows.Err()
+}
+
+// Annotate stores annotations of the trace (gpu.Annotator) with its next
+// commit.
+func (w *Writer) Annotate(anns ...gpu.Annotation) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pend.snapshot.annotations = append(w.pend.snapshot.annotations, anns...)
+}
+
+// EventExtras stores what the trace's events said beyond the event model:
+// the distinct extras, numbered from 1, and which events have which.
+func (w *Writer) EventExtras(extras []gpu.EventExtra, runs []gpu.ExtraRun) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	p := &w.pend.snapshot
+	p.extras = append(p.extras, extras...)
+	p.runs = append(p.runs, runs...)
+}
+
+// SnapshotSegments stores the segments of the snapshot the trace came
+// from, as the file wrote them.
+func (w *Writer) SnapshotSegments(segs []gpu.SnapshotSegment) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.pend.snapshot.segments = append(w.pend.snapshot.segments, segs...)
+}
+
+// snapshotRows are a writer's pending rows of the tables above.
+type snapshotRows struct {
+	annotations []gpu.Annotation
+	extras      []gpu.EventExtra
+	runs        []gpu.ExtraRun
+	segments    []gpu.SnapshotSegment
+}
+
+func (s *snapshotRows) store(tx *sql.Tx, tid int64, upload string) error {
+	for _, a := range s.annotations {
+		if _, err := tx.Exec("INSERT INTO annotations (upload, tid, device, time_us, stage, name, form) VALUES (?,?,?,?,?,?,?)",
+			upload, tid, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
+			return err
+		}
+	}
+	if len(s.extras) > 0 {
+		var next int
+		if err := tx.QueryRow("SELECT COALESCE(max(xid), 0) + 1 FROM event_extras WHERE tid = ?", tid).Scan(&next); err != nil {
+			return err
+		}
+		for _, x := range s.extras {
+			if _, err := tx.Exec("INSERT INTO event_extras (tid, xid, action, compile_context, user_metadata, form) VALUES (?,?,?,?,?,?)",
+				tid, next, nullable(x.Action), nullable(x.CompileContext), nullable(x.UserMetadata), nullable(x.Form)); err != nil {
+				return err
+			}
+			next++
+		}
+	}
+	if len(s.runs) > 0 {
+		st, err := tx.Prepare("INSERT OR REPLACE INTO event_extra_runs (tid, first_seq, xid) VALUES (?,?,?)")
+		if err != nil {
+			return err
+		}
+		defer st.Close()
+		for _, r := range s.runs {
+			if _, err := st.Exec(tid, r.Seq, int64(r.Extra)); err != nil {
+				return err
+			}
+		}
+	}
+	for _, sg := range s.segments {
+		l := gpu.Layout{Segments: []gpu.Segment{sg.Segment}}
+		var blockForms any
+		if sg.BlockForms != nil {
+			b, err := json.Marshal(sg.BlockForms)
+			if err != nil {
+				return err
+			}
+			blockForms = string(b)
+		}
+		if _, err := tx.Exec(`INSERT INTO snapshot_segments (tid, n, address, pool_owner, pool_id, stack, layout, form, block_forms)
+			VALUES (?,?,?,?,?,?,?,?,?)`, tid, sg.Index, int64(sg.Segment.Addr), sg.PoolID[0], sg.PoolID[1], int64(sg.Stack),
+			appendLayout(nil, &l), nullable(sg.Form), blockForms); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// nullable stores "" as NULL.
+func nullable(s string) any {
+	if s == "" {
+		return nil
+	}
+	return s
+}
