@@ -234,6 +234,17 @@ func TestBrowserTraceView(t *testing.T) {
 	within(t, ctx, "summary tab", chromedp.Click(`#tab-summary`))
 	within(t, ctx, "summary", chromedp.Poll[bool](`document.getElementById("summary-text").textContent.includes("PyTorch CUDA memory summary")`))
 
+	// Performance samples are bounded: the newest are kept.
+	kept := within(t, ctx, "bounded samples", chromedp.Evaluate[[]float64](`(() => {
+		const s = vramscope.stats.drawMs;
+		for (let i = 0; i < 5000; i++) s.push(i);
+		const v = s.values();
+		return [s.length, v[0], v[v.length - 1]];
+	})()`))
+	if kept[0] > 2048 || kept[2] != 4999 || kept[1] != 5000-kept[0] {
+		t.Fatalf("after 5000 samples: length %v, oldest %v, newest %v", kept[0], kept[1], kept[2])
+	}
+
 	// Keyboard: 0 resets the window.
 	within(t, ctx, "focus", chromedp.Focus(`#timeline`))
 	within(t, ctx, "key 0", chromedp.KeyEvent("0"))

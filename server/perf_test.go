@@ -111,7 +111,7 @@ func TestPerfMillionEvents(t *testing.T) {
 
 	box := within(t, ctx, "timeline box", chromedp.Evaluate[map[string]float64](
 		`(() => { const r = document.getElementById("timeline").getBoundingClientRect(); return {x: r.left + r.width/2, y: r.top + r.height/2}; })()`))
-	within(t, ctx, "reset stats", chromedp.Evaluate[bool](`(vramscope.stats.drawMs = [], vramscope.stats.fetchMs = [], true)`))
+	within(t, ctx, "reset stats", chromedp.Evaluate[bool](`(vramscope.stats.clear(), true)`))
 	for i := 0; i < 30; i++ {
 		d := -300.0
 		if i%3 == 2 {
@@ -130,7 +130,7 @@ func TestPerfMillionEvents(t *testing.T) {
 		Heap  float64
 	}
 	f := within(t, ctx, "stats", chromedp.Evaluate[figures](
-		`({draw: vramscope.stats.drawMs, tl: vramscope.stats.timelineMs, sm: vramscope.stats.segmapMs, fetch: vramscope.stats.fetchMs, heap: performance.memory ? performance.memory.usedJSHeapSize : -1})`))
+		`(s => ({draw: s.drawMs.values(), tl: s.timelineMs.values(), sm: s.segmapMs.values(), fetch: s.fetchMs.values(), heap: performance.memory ? performance.memory.usedJSHeapSize : -1}))(vramscope.stats)`))
 	slices.Sort(f.Draw)
 	slices.Sort(f.Fetch)
 	if len(f.Draw) == 0 || len(f.Fetch) == 0 {

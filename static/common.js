@@ -50,6 +50,13 @@ export function el(tag, attrs, ...children) {
   return e;
 }
 
+/** A definition list of [term, value] pairs. */
+export function dl(pairs) {
+  const d = el("dl", { class: "facts" });
+  for (const [k, v] of pairs) d.append(el("dt", {}, k), el("dd", {}, v));
+  return d;
+}
+
 /** An error from the API, carrying the HTTP status. */
 export class APIError extends Error {
   constructor(status, msg) { super(msg); this.status = status; }
@@ -65,6 +72,33 @@ export async function api(url, opts = {}) {
   }
   if (res.status === 204) return null;
   return opts.text ? res.text() : res.json();
+}
+
+/**
+ * One request at a time for a part of the page: a new run aborts the one
+ * before, so a stale answer never lands. run(fetch) gives fetch an abort
+ * signal and resolves to its answer, or to null when it was superseded or
+ * failed; failures are shown through view.error with the part's label, and
+ * the time of each answer goes to view.stats.fetchMs.
+ */
+export class LatestFetch {
+  constructor(view, label) { this.view = view; this.label = label; this.ac = null; }
+
+  async run(fetch) {
+    this.ac?.abort();
+    const ac = new AbortController();
+    this.ac = ac;
+    const started = performance.now();
+    try {
+      const r = await fetch(ac.signal);
+      if (ac.signal.aborted) return null;
+      this.view.stats.fetchMs.push(performance.now() - started);
+      return r;
+    } catch (e) {
+      if (e.name !== "AbortError") this.view.error(this.label + ": " + e.message);
+      return null;
+    }
+  }
 }
 
 const THEME_KEY = "vramscope-theme";

@@ -2,7 +2,7 @@
 // column from the server) over memory_viz's stacked active-memory bands.
 // Data is fetched per viewport; while a fetch is in flight the last answer
 // is redrawn at the new scale, so zooming never waits on the network.
-import { api, fitCanvas, niceTicks, fmtBytesShort, fmtTime } from "./common.js";
+import { api, LatestFetch, fitCanvas, niceTicks, fmtBytesShort, fmtTime } from "./common.js";
 
 const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 8;
 
@@ -17,7 +17,7 @@ export class Timeline {
     this.view = view;
     this.usage = null; // last usage answer with its window
     this.bands = null; // last bands answer
-    this.abort = null;
+    this.fetcher = new LatestFetch(view, "Timeline");
     this.brush = null; // [tA, tB] while shift-dragging
     this.hover = null;
     this.listen();
@@ -39,27 +39,16 @@ export class Timeline {
   async load() {
     const v = this.view;
     const t0 = Math.floor(v.t0), t1 = Math.max(Math.ceil(v.t1), Math.floor(v.t0) + 1);
-    this.abort?.abort();
-    const ac = new AbortController();
-    this.abort = ac;
     const w = Math.round(this.plotW), h = Math.round(this.plotH);
     const base = `/api/traces/${v.id}`;
-    const started = performance.now();
-    try {
-      const [usage, bands] = await Promise.all([
-        api(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}`, { signal: ac.signal }),
-        api(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}`, { signal: ac.signal }),
-      ]);
-      if (ac.signal.aborted) return false;
-      this.usage = { ...usage, t0, t1 };
-      this.bands = bands;
-      v.stats.fetchMs.push(performance.now() - started);
-      return true;
-    } catch (e) {
-      if (e.name === "AbortError") return false;
-      v.error("Timeline: " + e.message);
-      return false;
-    }
+    const got = await this.fetcher.run((signal) => Promise.all([
+      api(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}`, { signal }),
+      api(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}`, { signal }),
+    ]));
+    if (!got) return false;
+    this.usage = { ...got[0], t0, t1 };
+    this.bands = got[1];
+    return true;
   }
 
   draw(pal) {

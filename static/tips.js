@@ -1,7 +1,7 @@
 // Hover tips shared by the trace view and the incident page: a box of rows
 // near the pointer, then the top frames of the hovered allocation's stack
 // once they arrive (if the tip still shows the same thing).
-import { api, el } from "./common.js";
+import { api, el, fmtAddr, fmtBytes } from "./common.js";
 
 /** A frame as text ("?" for PyTorch's unknown line 2^64-1). */
 export function frameText(f) {
@@ -44,4 +44,42 @@ export function placeTip(tip, rows, x, y, stackOf, sid) {
     for (const f of frames.slice(0, 4)) list.append(el("li", {}, frameText(f)));
     tip.append(list);
   });
+}
+
+const STATES = ["cached free", "allocated", "pending free"];
+
+/**
+ * Shows what the timeline or the segment map has under the pointer: h is
+ * {band}, {block} or {small} from their hit tests, or null to hide the tip.
+ * view gives stackOf and the segments marked as pinned.
+ */
+export function showHitTip(view, tip, h, x, y) {
+  if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
+  const rows = [];
+  let sid = 0;
+  if (h.band) {
+    const b = h.band;
+    rows.push(el("strong", {}, fmtBytes(b.size)), el("br"), "requested " + fmtBytes(b.requested_size), el("br"),
+      "alloc #" + b.seq + " at " + fmtAddr(b.address));
+    sid = b.stack;
+  } else if (h.block) {
+    const b = h.block;
+    rows.push(el("strong", {}, fmtBytes(b.size)), " " + STATES[b.state], el("br"));
+    if (b.state !== 0) {
+      if (view.pinned.has(b.segment)) rows.push("pins its segment: it cannot be released", el("br"));
+      rows.push("requested " + fmtBytes(b.requested), el("br"), (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.addr));
+      sid = b.stack;
+    } else rows.push("at " + fmtAddr(b.addr));
+  } else {
+    rows.push(el("strong", {}, fmtBytes(h.small)), el("br"), "small allocations, each under a pixel tall here: zoom in to see them");
+  }
+  placeTip(tip, rows, x, y, view.stackOf, sid);
+}
+
+/** A stack as a numbered list of frames (or a note that none was recorded). */
+export function framesList(frames) {
+  if (!frames || !frames.length) return el("p", { class: "dim" }, "No stack was recorded.");
+  const ol = el("ol", { class: "frames full" });
+  for (const f of frames) ol.append(el("li", {}, frameText(f)));
+  return ol;
 }
