@@ -148,7 +148,7 @@ func TestBrowserTraceView(t *testing.T) {
 	// The canvases hold data: the lower half of the timeline's plot is
 	// mostly bands; the segment map's block area is mostly blocks.
 	tl := within(t, ctx, "timeline pixels", chromedp.Evaluate[float64](inkJS+`("timeline", 80, 180, 1300, 290)`))
-	sm := within(t, ctx, "segment map pixels", chromedp.Evaluate[float64](inkJS+`("segmap", 174, 30, 235, 140)`))
+	sm := within(t, ctx, "segment map pixels", chromedp.Evaluate[float64](inkJS+`("segmap", 174, 30, 200, 140)`))
 	if tl < 0.5 || sm < 0.5 {
 		t.Fatalf("canvases look empty: timeline %.2f, segment map %.2f inked", tl, sm)
 	}

@@ -9,6 +9,7 @@ import { framesList } from "./tips.js";
 import { PageState } from "./pagestate.js";
 import { initShare } from "./share.js";
 import { loadWhatIf, whatIfTable } from "./whatif.js";
+import { initKeys } from "./keys.js";
 
 const root = document.getElementById("incident");
 const lastUS = Number(root.dataset.lastUs);
@@ -37,6 +38,7 @@ function table(id, head, rows) {
 }
 
 const MAX_ROWS = 50;
+const STACK_FRAMES = 8; // frames shown of a pinning stack before "more frames"
 
 function more(total) {
   return total > MAX_ROWS ? el("p", { class: "dim" }, `and ${total - MAX_ROWS} more`) : null;
@@ -74,10 +76,18 @@ function showReport(d) {
   if (!groups.length) box.append(el("p", {}, "No live allocation pins a split segment."));
   for (const g of groups.slice(0, MAX_ROWS)) {
     const frames = d.stacks[String(g.stack)];
-    const list = frames || !g.stack ? framesList(frames) : el("p", { class: "dim" }, "Stack #" + g.stack + " (not loaded)");
-    box.append(el("div", { class: "pinner" },
-      el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`),
-      list));
+    const list = el("div", {}, frames || !g.stack ? framesList(frames, { max: STACK_FRAMES }) : el("p", { class: "dim" }, "Stack #" + g.stack + " (not loaded)"));
+    const head = el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`);
+    box.append(el("div", { class: "pinner" }, head, list));
+    // The stack sorted for people: C++ and interpreter frames folded, the
+    // first user frame as its label, long stacks cut to STACK_FRAMES.
+    if (g.stack) {
+      view.stackOf(g.stack).then((st) => {
+        if (!st.frames.length) return;
+        if (st.label) head.append(el("span", { class: "label" }, " · " + st.label));
+        list.replaceChildren(framesList(st.frames, { max: STACK_FRAMES }));
+      });
+    }
   }
   const m = more(groups.length);
   if (m) box.append(m);
@@ -108,5 +118,6 @@ async function start() {
 }
 
 view.start();
+initKeys(view);
 initShare(view.id);
 start().catch((e) => view.error("Incident: " + e.message));

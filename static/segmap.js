@@ -49,8 +49,10 @@ export class SegMap {
 
   async load() {
     const v = this.view;
-    // layoutSeq (an incident's oom event) pins the map to one event.
-    const at = v.layoutSeq != null ? "seq=" + v.layoutSeq : "t=" + Math.round(v.cursor);
+    // layoutSeq (an incident's oom event) pins the map to one event; a
+    // cursor set to an event shows the map right after it.
+    const seq = v.layoutSeq ?? v.cursorSeq;
+    const at = seq != null ? "seq=" + seq : "t=" + Math.round(v.cursor);
     const d = await this.fetcher.run((signal) => api(`/api/traces/${v.id}/layout?${at}`, { signal }));
     if (!d) return false;
     this.data = d;
@@ -60,6 +62,12 @@ export class SegMap {
   draw(pal) {
     const start = performance.now();
     this.resize();
+    // Frames that change nothing here (a hover on the timeline) skip it.
+    const v = this.view;
+    const key = [this.cssW, this.cssH, v.m0, v.m1, v.sel, this.hover?.index, pal.panel, v.pinned.size].join();
+    if (this.drawn === this.data && this.drawnKey === key) return;
+    this.drawn = this.data;
+    this.drawnKey = key;
     const ctx = fitCanvas(this.canvas, this.cssW, this.cssH);
     ctx.fillStyle = pal.panel;
     ctx.fillRect(0, 0, this.cssW, this.cssH);

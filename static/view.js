@@ -1,47 +1,92 @@
-// The trace view: timeline, segment map and details kept in step through
-// one page state (pagestate.js), which keeps the view (window, cursor,
-// selection, panel, map offsets) in the URL.
-import { api, el, dl, fmtBytes, fmtTime, fmtAddr } from "./common.js";
+// The trace view: timeline, segment map, event list and details kept in
+// step through one page state (pagestate.js), which keeps the view
+// (window, memory range, cursor, selection, panel, search) in the URL.
+import { api, el, dl, fmtBytes, fmtAddr } from "./common.js";
 import { framesList } from "./tips.js";
 import { PageState } from "./pagestate.js";
 import { initShare } from "./share.js";
 import { showIncidents } from "./incidents.js";
 import { follow } from "./live.js";
 import { showNeeded } from "./whatif.js";
+import { initKeys } from "./keys.js";
+import { EventList } from "./events.js";
+import { Search } from "./search.js";
+import { showSnapshot } from "./snapshot.js";
 
 const root = document.getElementById("view");
-const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
-const panels = ["selection", "cursor", "summary"];
+const data = root.dataset;
+const panels = ["selection", "cursor", "summary", "search", "snapshot"];
 
 const view = new PageState(root, {
-  fullT1: lastUS,
+  fullT1: Number(data.lastUs),
   panels,
   panel: "cursor",
-  initialCursor: () => peakTime(view.timeline.usage),
-  cursorLabel: (d) => "at " + fmtTime(view.cursor - firstUS) + (d ? " · event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : ""),
+  initialCursor,
+  cursorLabel: (d) => "at " + view.fmtT(view.cursor) + (d ? " · event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : ""),
   details,
+  mapLoaded: (d) => {
+    events.reveal(d?.seq ?? view.firstSeq);
+    if (view.panel === "cursor") cursorPanel(); // a new map, or its failure, replaces "Loading…"
+  },
 });
+view.firstSeq = Number(data.firstSeq);
+view.lastSeq = Number(data.lastSeq);
 view.t0 ??= view.fullT0;
 view.t1 ??= view.fullT1;
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
 window.vramscope = view; // for tests and the console
 
-// No cursor in the URL: start at the peak of allocated memory.
-function peakTime(u) {
-  let best = 0, at = view.fullT1;
-  for (let i = 0; i < u.events.length; i++) {
-    if (u.allocated[2 * i + 1] > best) { best = u.allocated[2 * i + 1]; at = u.start_us + (i + 0.5) * u.bucket_us; }
+// No cursor in the URL: start right after the event at the peak of
+// allocated memory (the store knows it exactly).
+function initialCursor() {
+  const seq = Number(data.peakSeq);
+  if (seq >= 0) {
+    view.cursorSeq = seq;
+    return Number(data.peakUs);
   }
-  return Math.round(Math.max(view.fullT0, Math.min(view.fullT1, at)));
+  return view.fullT1;
 }
+
+// ---- going to events -------------------------------------------------------
+
+/** Puts the cursor right after event seq at time t, bringing t into the window. */
+function goTo(seq, t) {
+  if (t < view.t0 || t > view.t1) {
+    const span = view.t1 - view.t0;
+    view.setWindow(t - span / 2, t + span / 2);
+  }
+  view.setCursorSeq(seq, t);
+}
+
+/** Steps the cursor by d events. */
+function step(d) {
+  // The event asked for last, even if its map has not come yet: keys
+  // pressed quickly step that many events.
+  const cur = view.cursorSeq ?? view.segmap.data?.seq ?? view.firstSeq - 1;
+  const seq = Math.max(view.firstSeq - 1, Math.min(view.lastSeq, cur + d));
+  view.setCursorSeq(seq);
+}
+
+document.getElementById("go-peak").addEventListener("click", () => {
+  const seq = Number(data.peakSeq);
+  if (seq >= 0) goTo(seq, Number(data.peakUs));
+});
+let ooms = [];
+document.getElementById("go-oom").addEventListener("click", () => {
+  if (ooms.length) goTo(ooms[0].seq, ooms[0].time_us);
+});
 
 // ---- details -------------------------------------------------------------
 
 for (const p of panels) {
   document.getElementById("tab-" + p).addEventListener("click", () => view.setPanel(p));
 }
+const allFrames = document.getElementById("all-frames");
+allFrames.checked = view.allFrames;
+allFrames.addEventListener("change", () => view.setAllFrames(allFrames.checked));
 
 let detailsAbort = null;
+let snapshotShown = false;
 
 async function details() {
   for (const p of panels) {
@@ -57,9 +102,14 @@ async function details() {
   try {
     if (view.panel === "selection") await selectionPanel(ac.signal);
     else if (view.panel === "cursor") cursorPanel();
-    else {
-      const text = await api(`/api/traces/${view.id}/summary?t=${view.cursor}`, { signal: ac.signal, text: true });
+    else if (view.panel === "summary") {
+      const d = view.segmap.data;
+      const at = d ? "seq=" + d.seq : "t=" + view.cursor;
+      const text = await api(`/api/traces/${view.id}/summary?${at}`, { signal: ac.signal, text: true });
       document.getElementById("summary-text").textContent = text;
+    } else if (view.panel === "snapshot" && !snapshotShown) {
+      snapshotShown = true;
+      await showSnapshot(view, document.getElementById("panel-snapshot"));
     }
   } catch (e) {
     if (e.name !== "AbortError") view.error("Details: " + e.message);
@@ -69,10 +119,12 @@ async function details() {
 function cursorPanel() {
   const d = view.segmap.data;
   const box = document.getElementById("panel-cursor");
+  const failed = view.segmap.fetcher.failed;
+  if (failed) { box.replaceChildren(el("p", { class: "error" }, "The segment map at the cursor failed: " + failed)); return; }
   if (!d) { box.replaceChildren(el("p", { class: "dim" }, "Loading…")); return; }
   const f = d.figures;
   box.replaceChildren(dl([
-    ["Time", fmtTime(view.cursor - firstUS) + " (event " + d.seq + ")"],
+    ["Time", view.fmtT(d.seq >= 0 ? d.t : view.cursor) + " (right after event " + d.seq + ")"],
     ["Reserved", fmtBytes(f.reserved_bytes)],
     ["Allocated", fmtBytes(f.allocated_bytes)],
     ["Active", fmtBytes(f.active_bytes)],
@@ -89,10 +141,12 @@ async function selectionPanel(signal) {
   const box = document.getElementById("panel-selection");
   if (view.sel === null && view.selBlock) {
     const b = view.selBlock;
+    const st = await view.stackOf(b.stack);
     box.replaceChildren(el("h3", {}, "Block at " + fmtAddr(b.addr)), dl([
       ["Size", fmtBytes(b.size)], ["Requested", fmtBytes(b.requested)],
       ["Allocated", "before the trace began"],
-    ]), await stackList(b.stack));
+      ["First user frame", st.label || "–"],
+    ]), framesList(st.frames, { all: view.allFrames }));
     return;
   }
   if (view.sel === null) {
@@ -100,34 +154,71 @@ async function selectionPanel(signal) {
     return;
   }
   const a = await api(`/api/traces/${view.id}/allocations/${view.sel}`, { signal });
+  view.selInfo = a;
   const freed = a.free_seq >= 0;
   const facts = dl([
     ["Allocation", "#" + a.seq + " at " + fmtAddr(a.address)],
     ["Size", fmtBytes(a.size) + " (" + a.size + " bytes)"],
     ["Requested", fmtBytes(a.requested_size) + " (" + a.requested_size + " bytes)"],
     ["Stream", String(a.stream)],
-    ["Allocated at", fmtTime(a.alloc_us - firstUS)],
-    ["Freed at", freed ? fmtTime(a.free_us - firstUS) + " (lived " + fmtTime(a.free_us - a.alloc_us) + ")" : "never (still allocated)"],
+    ["First user frame", a.label || "–"],
+    ["Allocated at", view.fmtT(a.alloc_us)],
+    ["Freed at", freed ? view.fmtT(a.free_us) + " (lived " + view.fmtDur(a.free_us - a.alloc_us) + ")" : "never (still allocated)"],
   ]);
   const evs = el("table", { class: "events" }, el("thead", {}, el("tr", {}, el("th", {}, "Event"), el("th", {}, "Action"), el("th", {}, "Time"), el("th", {}, "Stream"))));
   const tb = el("tbody");
-  for (const e of a.events) tb.append(el("tr", {}, el("td", {}, "#" + e.seq), el("td", {}, e.action), el("td", {}, fmtTime(e.time_us - firstUS)), el("td", {}, String(e.stream))));
+  for (const e of a.events) {
+    const tr = el("tr", { class: "event-row", tabindex: "0" }, el("td", {}, "#" + e.seq), el("td", {}, e.action), el("td", {}, view.fmtT(e.time_us)), el("td", {}, String(e.stream)));
+    tr.addEventListener("click", () => goTo(e.seq, e.time_us));
+    tb.append(tr);
+  }
   evs.append(tb);
   const jump = el("button", { type: "button", class: "btn" }, "Move the cursor here");
-  jump.addEventListener("click", () => view.setCursor(a.alloc_us));
-  box.replaceChildren(el("h3", {}, "Allocation #" + a.seq), facts, jump, el("h4", {}, "Events"), evs, el("h4", {}, "Stack"), framesList(a.frames));
+  jump.addEventListener("click", () => goTo(a.seq, a.alloc_us));
+  const fit = el("button", { type: "button", class: "btn" }, "Fit (F)");
+  fit.addEventListener("click", () => view.fitSelection());
+  box.replaceChildren(el("h3", {}, "Allocation #" + a.seq), facts, jump, " ", fit, el("h4", {}, "Events"), evs, el("h4", {}, "Stack"),
+    framesList(a.frames, { all: view.allFrames }));
 }
 
-async function stackList(sid) { return framesList(await view.stackOf(sid)); }
+// ---- devices of the upload -----------------------------------------------
+
+async function showDevices() {
+  const t = await api(`/api/traces/${view.id}`);
+  const nav = document.getElementById("devices");
+  if (!t.devices || t.devices.length < 2) return;
+  nav.replaceChildren(el("span", { class: "dim" }, "Device:"));
+  for (const d of t.devices) {
+    const name = "cuda:" + d.device + (d.oom_count ? " (OOM)" : "");
+    nav.append(d.id === view.id ? el("span", { class: "current", "aria-current": "page" }, name)
+      : el("a", { href: "/traces/" + d.id, class: d.oom_count ? "oom-device" : null, title: d.oom_count ? "this device ran out of memory" : null }, name));
+  }
+  nav.hidden = false;
+}
 
 // ---- start ---------------------------------------------------------------
 
+const events = new EventList(document.getElementById("events"), view);
+const search = new Search(view, document.getElementById("search-form"), document.getElementById("search-q"), document.getElementById("panel-search"));
+view.search = search;
+initKeys(view, [
+  ["↑", "cursor to the event before", () => step(-1)],
+  ["↓", "cursor to the event after", () => step(1)],
+  ["/", "search the stacks", () => { document.getElementById("search-q").focus(); }],
+  ["L", "follow a live trace (or stop following)", () => false],
+]);
 view.start();
+document.getElementById("fit-memory").addEventListener("click", () => view.setMemory(null, null));
 view.request("timeline", "map", "details");
+if (view.q) search.run(view.q);
 initShare(view.id);
-showIncidents(view, document.querySelector(".timeline-panel .legend")).catch((e) => view.error("Incidents: " + e.message));
-if (root.dataset.status === "live") view.live = follow(view);
-if (root.dataset.status !== "live") {
+showDevices().catch((e) => view.error("Devices: " + e.message));
+showIncidents(view, document.querySelector(".timeline-panel .legend")).then((list) => {
+  ooms = list || [];
+  document.getElementById("go-oom").hidden = !ooms.length;
+}).catch((e) => view.error("Incidents: " + e.message));
+if (data.status === "live") view.live = follow(view);
+if (data.status !== "live") {
   document.getElementById("needed-panel").hidden = false;
   showNeeded(view.id, document.getElementById("needed")).catch((e) => view.error("Memory needed: " + e.message));
 }
