@@ -39,6 +39,8 @@ type TraceMeta struct {
 	// Upload names the upload (or recording) the trace came from: the
 	// devices of one snapshot share it; "" for a trace on its own.
 	Upload string `json:"upload,omitempty"`
+	// NoTime: the source recorded no times, and TimeUS is the event's index.
+	NoTime bool `json:"no_time,omitempty"`
 }
 
 // Upload is one snapshot file or one recorded run, which gave one trace
@@ -120,8 +122,12 @@ type Trace struct {
 	PeakAllocated uint64      `json:"peak_allocated_bytes"`
 	PeakActive    uint64      `json:"peak_active_bytes"`
 	OOMs          int64       `json:"oom_count"`
-	Created       time.Time   `json:"created"`
-	Rules         Rules       `json:"-"`
+	// PeakSeq and PeakUS are the first event after which allocated bytes
+	// stood at PeakAllocated (-1: none, or a trace stored before this was kept).
+	PeakSeq int64     `json:"peak_seq"`
+	PeakUS  int64     `json:"peak_us"`
+	Created time.Time `json:"created"`
+	Rules   Rules     `json:"-"`
 }
 
 // Title is what a trace is called: its name, or its id when it has none.

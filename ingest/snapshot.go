@@ -64,7 +64,7 @@ func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error)
 	}
 	for _, t := range traces {
 		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
-			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: upload}
+			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: upload, NoTime: !t.HasTime}
 		if len(traces) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
 		}

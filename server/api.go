@@ -24,15 +24,6 @@ func (s *Server) apiTraces(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]any{"traces": ts})
 }
 
-func (s *Server) apiTrace(w http.ResponseWriter, r *http.Request) {
-	t, err := s.opt.DB.Trace(chi.URLParam(r, "id"))
-	if err != nil {
-		s.storeError(w, r, err)
-		return
-	}
-	writeJSON(w, http.StatusOK, t)
-}
-
 func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
 	id := chi.URLParam(r, "id")
 	if err := s.opt.DB.DeleteTrace(id); err != nil {
@@ -72,6 +63,7 @@ func window(p *params, nName string, nDef, nMax int64) (t0, t1 int64, n int) {
 func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	t0, t1, n := window(p, "n", 1000, 20000)
+	bin := format(p)
 	if !p.check(w) {
 		return
 	}
@@ -91,6 +83,10 @@ func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 		out.Reserved = append(out.Reserved, b.Reserved.Min, b.Reserved.Max)
 		out.Allocated = append(out.Allocated, b.Allocated.Min, b.Allocated.Max)
 		out.Active = append(out.Active, b.Active.Min, b.Active.Max)
+	}
+	if bin {
+		writeBinary(w, usageBinary(out))
+		return
 	}
 	writeJSON(w, http.StatusOK, out)
 }
@@ -206,16 +202,40 @@ func (s *Server) apiEvents(w http.ResponseWriter, r *http.Request) {
 	if !p.check(w) {
 		return
 	}
-	evs, err := s.opt.DB.Events(chi.URLParam(r, "id"), from, to)
+	id := chi.URLParam(r, "id")
+	evs, err := s.opt.DB.Events(id, from, to)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
 	out := make([]eventJSON, len(evs))
+	sids := make([]gpu.StackID, len(evs))
 	for i, e := range evs {
 		out[i] = toEventJSON(e)
+		sids[i] = e.Stack
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"events": out})
+	labels, err := s.labels(id, sids)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	t, err := s.opt.DB.Trace(id)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	md, _, err := s.userMetadata(t, from, to, maxEvents)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	meta := make(map[int64]string, len(md))
+	for _, m := range md {
+		meta[m.Seq] = m.Text
+	}
+	// labels: the first user frame of each stack the events name;
+	// user_metadata: by seq, for the events that have one.
+	writeJSON(w, http.StatusOK, map[string]any{"events": out, "labels": labels, "user_metadata": meta})
 }
 
 func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
@@ -240,7 +260,7 @@ func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
 // made and ended it.
 type allocationJSON struct {
 	gpu.Allocation
-	Frames gpu.Stack   `json:"frames"`
+	stackJSON
 	Events []eventJSON `json:"events"`
 }
 
@@ -256,10 +276,7 @@ func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	out := allocationJSON{Allocation: a, Frames: st, Events: []eventJSON{}}
-	if st == nil {
-		out.Frames = gpu.Stack{}
-	}
+	out := allocationJSON{Allocation: a, stackJSON: toStackJSON(st), Events: []eventJSON{}}
 	evs, err := s.opt.DB.AllocationEvents(id, a)
 	if err != nil {
 		s.storeError(w, r, err)
@@ -283,5 +300,5 @@ func (s *Server) apiStack(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Cache-Control", "private, max-age=3600") // stacks never change
-	writeJSON(w, http.StatusOK, map[string]any{"frames": st})
+	writeJSON(w, http.StatusOK, toStackJSON(st))
 }

@@ -2,13 +2,17 @@ package server
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"reflect"
 	"regexp"
+	"sort"
 	"strings"
 	"testing"
 
@@ -150,37 +154,149 @@ func TestUsageFollowsTheTrace(t *testing.T) {
 func TestBandsStackUnderAllocated(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
-	var b store.Bands
-	f.getJSON(t, "/api/traces/"+f.id+"/bands?t0="+itoa(tr.FirstUS)+"&t1="+itoa(tr.LastUS)+"&w=300&h=200", &b)
-	if len(b.Bands) == 0 || len(b.Small) != 300 || b.YMax != tr.PeakReserved {
-		t.Fatalf("%d bands, %d columns, y_max %d (peak reserved %d)", len(b.Bands), len(b.Small), b.YMax, tr.PeakReserved)
-	}
-	for _, band := range b.Bands {
-		if band.Size < b.MinBytes {
-			t.Fatalf("band %d is %d bytes, under a pixel (%d)", band.Seq, band.Size, b.MinBytes)
+	window := "/api/traces/" + f.id + "/bands?t0=" + itoa(tr.FirstUS) + "&t1=" + itoa(tr.LastUS) + "&w=300&h=200"
+	check := func(b *store.Bands) {
+		t.Helper()
+		if len(b.Bands) == 0 || len(b.Allocated) != 300 || b.YMax != tr.PeakReserved || b.M1 <= b.M0 {
+			t.Fatalf("%d bands, %d columns, y_max %d (peak reserved %d), range [%d, %d)", len(b.Bands), len(b.Allocated), b.YMax, tr.PeakReserved, b.M0, b.M1)
 		}
-		if len(band.Runs) == 0 || band.Runs[0] != int64(band.C0) {
-			t.Fatalf("band %d: runs %v do not start at c0 %d", band.Seq, band.Runs, band.C0)
+		if b.MinBytes != (b.M1-b.M0+199)/200 {
+			t.Fatalf("min_bytes %d for the range [%d, %d) over 200 rows", b.MinBytes, b.M0, b.M1)
 		}
-	}
-	// Bands sit on the small band and on each other without overlap: in
-	// every column, sorted by offset, each starts where the last ended.
-	for c := 0; c < 300; c++ {
-		top := b.Small[c]
 		for _, band := range b.Bands {
-			if c < band.C0 || c > band.C1 {
-				continue
+			if band.Size < b.MinBytes {
+				t.Fatalf("band %d is %d bytes, under a pixel (%d)", band.Seq, band.Size, b.MinBytes)
 			}
-			off := band.Runs[1]
-			for r := 0; r < len(band.Runs) && band.Runs[r] <= int64(c); r += 2 {
-				off = band.Runs[r+1]
+			if len(band.Runs) == 0 || band.Runs[0] != int64(band.C0) {
+				t.Fatalf("band %d: runs %v do not start at c0 %d", band.Seq, band.Runs, band.C0)
 			}
-			if uint64(off) != top {
-				t.Fatalf("column %d: band %d at %d, want %d", c, band.Seq, off, top)
+		}
+		// In every column the bands stack without overlap, under the
+		// allocated envelope, and each reaches into the range somewhere.
+		reaches := map[int64]bool{}
+		for c := 0; c < 300; c++ {
+			type span struct{ lo, hi uint64 }
+			var spans []span
+			for _, band := range b.Bands {
+				if c < band.C0 || c > band.C1 {
+					continue
+				}
+				off := band.Runs[1]
+				for r := 0; r < len(band.Runs) && band.Runs[r] <= int64(c); r += 2 {
+					off = band.Runs[r+1]
+				}
+				spans = append(spans, span{uint64(off), uint64(off) + band.Size})
+				if uint64(off) < b.M1 && uint64(off)+band.Size > b.M0 {
+					reaches[band.Seq] = true
+				}
 			}
-			top += band.Size
+			sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+			for i, sp := range spans {
+				if i > 0 && sp.lo < spans[i-1].hi || sp.hi > b.Allocated[c] {
+					t.Fatalf("column %d: band [%d, %d) overlaps or passes the allocated %d", c, sp.lo, sp.hi, b.Allocated[c])
+				}
+			}
+		}
+		if len(reaches) != len(b.Bands) {
+			t.Fatalf("%d of %d bands never reach the range", len(b.Bands)-len(reaches), len(b.Bands))
 		}
 	}
+	var whole store.Bands
+	f.getJSON(t, window, &whole)
+	check(&whole)
+	// A narrow memory range at the activations' level: smaller allocations
+	// become bands, and the 200 KiB temporaries can be reached.
+	var narrow store.Bands
+	f.getJSON(t, window+"&m0="+itoa(int64(whole.M1/2))+"&m1="+itoa(int64(whole.M1/2+16<<20)), &narrow)
+	check(&narrow)
+	if narrow.MinBytes >= 200<<10 || narrow.M0 != whole.M1/2 {
+		t.Fatalf("narrow range [%d, %d): min_bytes %d", narrow.M0, narrow.M1, narrow.MinBytes)
+	}
+	for _, q := range []string{"&m0=5", "&m1=5", "&m0=9&m1=9", "&m0=-1&m1=9", "&format=xml"} {
+		e := errorOf(t, f.get(t, window+q, http.StatusBadRequest))
+		if !strings.Contains(e, "parameter m") && !strings.Contains(e, "parameter format") {
+			t.Errorf("%s: %q", q, e)
+		}
+	}
+	// The binary form holds the same answer.
+	body := f.get(t, window+"&format=bin", http.StatusOK)
+	if got := decodeBandsBinary(t, body); !reflect.DeepEqual(got, whole) {
+		t.Fatalf("binary bands differ from JSON:\n%+v\n%+v", got.Bands[:1], whole.Bands[:1])
+	}
+	if len(body) >= len(mustJSON(t, whole)) {
+		t.Errorf("binary bands are %d bytes, JSON %d", len(body), len(mustJSON(t, whole)))
+	}
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// decodeBandsBinary reads the binary form back, as the page does.
+func decodeBandsBinary(t *testing.T, b []byte) store.Bands {
+	t.Helper()
+	if string(b[:4]) != "VSB1" {
+		t.Fatalf("tag %q", b[:4])
+	}
+	u := func(i int) int { return int(binary.LittleEndian.Uint32(b[4+4*i:])) }
+	w, nb, nr := u(0), u(1), u(2)
+	at := 32
+	f := func() float64 { v := math.Float64frombits(binary.LittleEndian.Uint64(b[at:])); at += 8; return v }
+	o := store.Bands{W: w, Dropped: u(3), Samples: u(4), Sampled: "columns", Allocated: make([]uint64, w), Bands: make([]store.Band, nb)}
+	if u(5) == 1 {
+		o.Sampled = "checkpoints"
+	}
+	o.T0, o.T1, o.M0, o.M1, o.YMax, o.MinBytes = int64(f()), int64(f()), uint64(f()), uint64(f()), uint64(f()), uint64(f())
+	for i := range o.Allocated {
+		o.Allocated[i] = uint64(f())
+	}
+	for i := range o.Bands {
+		o.Bands[i].Seq = int64(f())
+	}
+	for i := range o.Bands {
+		o.Bands[i].Addr = uint64(f())
+	}
+	for i := range o.Bands {
+		o.Bands[i].Size = uint64(f())
+	}
+	for i := range o.Bands {
+		o.Bands[i].Requested = uint64(f())
+	}
+	offs := make([]float64, nr)
+	for i := range offs {
+		offs[i] = f()
+	}
+	g := func() int { v := int(binary.LittleEndian.Uint32(b[at:])); at += 4; return v }
+	for i := range o.Bands {
+		o.Bands[i].Stack = gpu.StackID(g())
+	}
+	for i := range o.Bands {
+		o.Bands[i].C0 = g()
+	}
+	for i := range o.Bands {
+		o.Bands[i].C1 = g()
+	}
+	first := make([]int, nb+1)
+	for i := range first {
+		first[i] = g()
+	}
+	cols := make([]int, nr)
+	for i := range cols {
+		cols[i] = g()
+	}
+	if at != len(b) {
+		t.Fatalf("read %d of %d bytes", at, len(b))
+	}
+	for i := range o.Bands {
+		for r := first[i]; r < first[i+1]; r++ {
+			o.Bands[i].Runs = append(o.Bands[i].Runs, int64(cols[r]), int64(offs[r]))
+		}
+	}
+	return o
 }
 
 func TestLayoutAndSummaryAtTheEnd(t *testing.T) {

@@ -148,7 +148,7 @@ func TestBrowserTraceView(t *testing.T) {
 	// The canvases hold data: the lower half of the timeline's plot is
 	// mostly bands; the segment map's block area is mostly blocks.
 	tl := within(t, ctx, "timeline pixels", chromedp.Evaluate[float64](inkJS+`("timeline", 80, 180, 1300, 290)`))
-	sm := within(t, ctx, "segment map pixels", chromedp.Evaluate[float64](inkJS+`("segmap", 174, 30, 235, 140)`))
+	sm := within(t, ctx, "segment map pixels", chromedp.Evaluate[float64](inkJS+`("segmap", 174, 30, 200, 140)`))
 	if tl < 0.5 || sm < 0.5 {
 		t.Fatalf("canvases look empty: timeline %.2f, segment map %.2f inked", tl, sm)
 	}
@@ -233,6 +233,17 @@ func TestBrowserTraceView(t *testing.T) {
 	// The memory_summary() tab shows the text for the cursor.
 	within(t, ctx, "summary tab", chromedp.Click(`#tab-summary`))
 	within(t, ctx, "summary", chromedp.Poll[bool](`document.getElementById("summary-text").textContent.includes("PyTorch CUDA memory summary")`))
+
+	// Performance samples are bounded: the newest are kept.
+	kept := within(t, ctx, "bounded samples", chromedp.Evaluate[[]float64](`(() => {
+		const s = vramscope.stats.drawMs;
+		for (let i = 0; i < 5000; i++) s.push(i);
+		const v = s.values();
+		return [s.length, v[0], v[v.length - 1]];
+	})()`))
+	if kept[0] > 2048 || kept[2] != 4999 || kept[1] != 5000-kept[0] {
+		t.Fatalf("after 5000 samples: length %v, oldest %v, newest %v", kept[0], kept[1], kept[2])
+	}
 
 	// Keyboard: 0 resets the window.
 	within(t, ctx, "focus", chromedp.Focus(`#timeline`))

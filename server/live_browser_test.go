@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 
 	"vramscope/gpu"
@@ -75,6 +76,13 @@ func TestBrowserFollowsLiveTrace(t *testing.T) {
 	}
 	within(t, ctx, "resume", chromedp.KeyEvent("l"))
 	waitFor(t, ctx, "following again", `document.querySelector(".live-badge").dataset.following === "1" && window.vramscope.t1 > `+ftoa(paused))
+
+	// A wheel zoom is the user's own move: it stops following, where the
+	// moves that follow the stream did not.
+	box := within(t, ctx, "timeline box", chromedp.Evaluate[map[string]float64](
+		`(() => { const r = document.getElementById("timeline").getBoundingClientRect(); return {x: r.left + r.width/2, y: r.top + r.height/2}; })()`))
+	within(t, ctx, "wheel", chromedp.MouseEvent(input.DispatchMouseEventTypeMouseWheel, box["x"], box["y"], func(p *input.DispatchMouseEventParams) { p.DeltaY, p.DeltaX = -400, 1e-6 }))
+	waitFor(t, ctx, "paused by the wheel", `document.querySelector(".live-badge").dataset.following === "0"`)
 
 	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)

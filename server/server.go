@@ -92,6 +92,8 @@ func New(opt Options) *Server {
 				r.Get("/allocations", s.apiAllocations)
 				r.Get("/allocations/{seq}", s.apiAllocation)
 				r.Get("/stacks/{sid}", s.apiStack)
+				r.Get("/search", s.apiSearch)
+				r.Get("/extras", s.apiExtras)
 				r.Get("/incidents", s.apiIncidents)
 				r.Get("/incidents/{n}", s.apiIncident)
 				r.Get("/incidents/{n}/whatif", s.apiWhatIf)

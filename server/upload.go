@@ -60,8 +60,16 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		}
 		out.Traces = append(out.Traces, t)
 	}
-	if len(ids) > 0 {
-		out.URL = "/traces/" + ids[0]
+	// The page opens on the first device with an OOM, else the first.
+	land := 0
+	for i, t := range out.Traces {
+		if t.OOMs > 0 {
+			land = i
+			break
+		}
+	}
+	if len(out.Traces) > 0 {
+		out.URL = "/traces/" + out.Traces[land].ID
 	}
 	writeJSON(w, http.StatusCreated, out)
 }

@@ -50,6 +50,13 @@ export function el(tag, attrs, ...children) {
   return e;
 }
 
+/** A definition list of [term, value] pairs. */
+export function dl(pairs) {
+  const d = el("dl", { class: "facts" });
+  for (const [k, v] of pairs) d.append(el("dt", {}, k), el("dd", {}, v));
+  return d;
+}
+
 /** An error from the API, carrying the HTTP status. */
 export class APIError extends Error {
   constructor(status, msg) { super(msg); this.status = status; }
@@ -65,6 +72,48 @@ export async function api(url, opts = {}) {
   }
   if (res.status === 204) return null;
   return opts.text ? res.text() : res.json();
+}
+
+/** fetch a binary answer as an ArrayBuffer; rejects as api does. */
+export async function apiBinary(url, opts = {}) {
+  const res = await fetch(url, { signal: opts.signal });
+  if (!res.ok) {
+    let msg = res.status + " " + res.statusText;
+    try { const j = await res.json(); if (j && j.error) msg = j.error; } catch { /* not JSON */ }
+    throw new APIError(res.status, msg);
+  }
+  return res.arrayBuffer();
+}
+
+/**
+ * One request at a time for a part of the page: a new run aborts the one
+ * before, so a stale answer never lands. run(fetch) gives fetch an abort
+ * signal and resolves to its answer, or to null when it was superseded or
+ * failed; failures are shown through view.error with the part's label, and
+ * the time of each answer goes to view.stats.fetchMs.
+ */
+export class LatestFetch {
+  constructor(view, label) { this.view = view; this.label = label; this.ac = null; this.failed = null; }
+
+  async run(fetch) {
+    this.ac?.abort();
+    const ac = new AbortController();
+    this.ac = ac;
+    const started = performance.now();
+    try {
+      const r = await fetch(ac.signal);
+      if (ac.signal.aborted) return null;
+      this.view.stats.fetchMs.push(performance.now() - started);
+      this.failed = null;
+      return r;
+    } catch (e) {
+      if (e.name !== "AbortError") {
+        this.failed = e.message; // the last answer failed: panels say so instead of waiting
+        this.view.error(this.label + ": " + e.message);
+      }
+      return null;
+    }
+  }
 }
 
 const THEME_KEY = "vramscope-theme";
@@ -120,8 +169,8 @@ export function fitCanvas(canvas, cssW, cssH) {
   return ctx;
 }
 
-/** Round numbers for an axis between lo and hi, about n of them. */
-export function niceTicks(lo, hi, n, binary) {
+/** Round numbers for an axis between lo and hi, about n of them (whole numbers when integer). */
+export function niceTicks(lo, hi, n, binary, integer) {
   const span = hi - lo;
   if (!(span > 0)) return [];
   let step;
@@ -132,6 +181,7 @@ export function niceTicks(lo, hi, n, binary) {
     const f = raw / mag;
     step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * mag;
   }
+  if (integer) step = Math.max(1, Math.round(step));
   const out = [];
   for (let v = Math.ceil(lo / step) * step; v <= hi + 1e-9; v += step) out.push(v);
   return out;

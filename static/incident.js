@@ -4,138 +4,29 @@
 // the cursor fixed at the OOM. The window and the selection live in the
 // URL, as on the trace view, so Share restores them. Everything shown comes
 // from the JSON API and is written as text, never as HTML.
-import { api, el, queryNum, fmtBytes, fmtTime, fmtAddr, initTheme, palette } from "./common.js";
-import { frameText, hideTip, placeTip, stackLoader } from "./tips.js";
-import { Timeline } from "./timeline.js";
-import { SegMap } from "./segmap.js";
+import { api, el, dl, fmtAddr, fmtBytes } from "./common.js";
+import { framesList } from "./tips.js";
+import { PageState } from "./pagestate.js";
 import { initShare } from "./share.js";
 import { loadWhatIf, whatIfTable } from "./whatif.js";
+import { initKeys } from "./keys.js";
 
 const root = document.getElementById("incident");
-const firstUS = Number(root.dataset.firstUs), lastUS = Number(root.dataset.lastUs);
+const lastUS = Number(root.dataset.lastUs);
 const oomUS = Number(root.dataset.timeUs), n = Number(root.dataset.n);
-const MIN_SPAN = 10; // µs
 
-const q = new URLSearchParams(location.search);
-
-const view = {
-  id: root.dataset.id,
-  firstUS,
-  t0: queryNum(q, "t0"),
-  t1: queryNum(q, "t1"),
+let home = null; // the window the API suggests
+const view = new PageState(root, {
+  fullT1: Math.max(lastUS, oomUS),
   cursor: oomUS, // fixed: the map shows the OOM
   layoutSeq: Number(root.dataset.seq),
-  sel: queryNum(q, "sel"),
-  m0: queryNum(q, "m0"),
-  m1: queryNum(q, "m1"),
   markers: [{ t: oomUS, n }],
-  pinned: new Set(),
-  home: null, // the window the API suggests
-  stats: { fetchMs: [], drawMs: [], timelineMs: [], segmapMs: [], firstPaintMs: null },
-};
+  home: () => home && [home.t0, home.t1],
+  cursorLabel: (d) => d ? "right after event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : "",
+});
 window.vramscope = view; // for tests and the console
 
-let pal = palette();
-const timeline = new Timeline(document.getElementById("timeline"), document.getElementById("timeline-tip"), view);
-const segmap = new SegMap(document.getElementById("segmap"), document.getElementById("segmap-tip"), view);
-view.timeline = timeline;
-view.segmap = segmap;
-
-const errBox = el("p", { class: "error", role: "alert", hidden: true });
-root.prepend(errBox);
-view.error = (msg) => { errBox.textContent = msg; errBox.hidden = false; };
-
-// ---- view state ----------------------------------------------------------
-
-let frame = 0, needTimeline = false;
-
-function schedule() {
-  if (frame) return;
-  frame = requestAnimationFrame(async () => {
-    frame = 0;
-    writeURL();
-    draw();
-    if (needTimeline) {
-      needTimeline = false;
-      if (await timeline.load()) draw();
-    }
-  });
-}
-
-view.redraw = () => schedule();
-
-view.setWindow = (t0, t1) => {
-  const full = Math.max(lastUS, oomUS) - firstUS, pad = Math.max(full * 0.05, MIN_SPAN);
-  const span = Math.min(Math.max(MIN_SPAN, t1 - t0), full + 2 * pad);
-  t0 = Math.max(firstUS - pad, Math.min(t0, firstUS + full + pad - span));
-  view.t0 = Math.round(t0);
-  view.t1 = Math.round(t0 + span);
-  needTimeline = true;
-  schedule();
-};
-view.zoomTime = (at, f) => view.setWindow(at - (at - view.t0) * f, at + (view.t1 - at) * f);
-view.resetWindow = () => { if (view.home) view.setWindow(view.home.t0, view.home.t1); };
-view.setCursor = () => {}; // the cursor stays at the OOM
-view.select = (seq) => { view.sel = seq; schedule(); };
-view.selectBlock = () => { view.sel = null; schedule(); };
-view.setOffsets = (m0, m1) => {
-  view.m0 = m0 === null ? null : Math.round(m0);
-  view.m1 = m1 === null ? null : Math.round(m1);
-  schedule();
-};
-
-function writeURL() {
-  if (view.t0 === null) return;
-  const p = new URLSearchParams();
-  p.set("t0", Math.floor(view.t0));
-  p.set("t1", Math.ceil(view.t1));
-  if (view.sel !== null) p.set("sel", view.sel);
-  if (view.m0 !== null && view.m1 !== null) { p.set("m0", view.m0); p.set("m1", view.m1); }
-  const url = location.pathname + "?" + p.toString();
-  if (url !== location.pathname + location.search) history.replaceState(null, "", url);
-}
-
-function draw() {
-  if (view.t0 === null) return;
-  timeline.draw(pal);
-  segmap.draw(pal);
-  document.getElementById("window-label").textContent =
-    fmtTime(view.t0 - firstUS) + " – " + fmtTime(view.t1 - firstUS) + " (" + fmtTime(view.t1 - view.t0) + ")";
-  const d = segmap.data;
-  document.getElementById("cursor-label").textContent =
-    d ? "right after event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : "";
-}
-
-// ---- tooltips ------------------------------------------------------------
-
-const stackOf = stackLoader(view.id);
-
-view.showTip = (tip, h, x, y) => {
-  if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
-  const rows = [];
-  let sid = 0;
-  if (h.band) {
-    rows.push(el("strong", {}, fmtBytes(h.band.size)), el("br"), "alloc #" + h.band.seq + " at " + fmtAddr(h.band.address));
-    sid = h.band.stack;
-  } else if (h.block) {
-    const b = h.block;
-    rows.push(el("strong", {}, fmtBytes(b.size)), " " + ["cached free", "allocated", "pending free"][b.state], el("br"));
-    if (b.state !== 0 && view.pinned.has(b.segment)) rows.push("pins its segment: it cannot be released", el("br"));
-    rows.push("at " + fmtAddr(b.addr));
-    sid = b.state !== 0 ? b.stack : 0;
-  } else {
-    rows.push(el("strong", {}, fmtBytes(h.small)), el("br"), "small allocations: zoom in to see them");
-  }
-  placeTip(tip, rows, x, y, stackOf, sid);
-};
-
 // ---- the report ----------------------------------------------------------
-
-function dl(pairs) {
-  const d = el("dl", { class: "facts" });
-  for (const [k, v] of pairs) d.append(el("dt", {}, k), el("dd", {}, v));
-  return d;
-}
 
 function table(id, head, rows) {
   const t = el("table", { class: "data", id });
@@ -147,6 +38,7 @@ function table(id, head, rows) {
 }
 
 const MAX_ROWS = 50;
+const STACK_FRAMES = 8; // frames shown of a pinning stack before "more frames"
 
 function more(total) {
   return total > MAX_ROWS ? el("p", { class: "dim" }, `and ${total - MAX_ROWS} more`) : null;
@@ -184,11 +76,18 @@ function showReport(d) {
   if (!groups.length) box.append(el("p", {}, "No live allocation pins a split segment."));
   for (const g of groups.slice(0, MAX_ROWS)) {
     const frames = d.stacks[String(g.stack)];
-    const list = frames && frames.length ? el("ol", { class: "frames full" }, ...frames.map((f) => el("li", {}, frameText(f))))
-      : el("p", { class: "dim" }, g.stack ? "Stack #" + g.stack + " (not loaded)" : "No stack was recorded.");
-    box.append(el("div", { class: "pinner" },
-      el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`),
-      list));
+    const list = el("div", {}, frames || !g.stack ? framesList(frames, { max: STACK_FRAMES }) : el("p", { class: "dim" }, "Stack #" + g.stack + " (not loaded)"));
+    const head = el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`);
+    box.append(el("div", { class: "pinner" }, head, list));
+    // The stack sorted for people: C++ and interpreter frames folded, the
+    // first user frame as its label, long stacks cut to STACK_FRAMES.
+    if (g.stack) {
+      view.stackOf(g.stack).then((st) => {
+        if (!st.frames.length) return;
+        if (st.label) head.append(el("span", { class: "label" }, " · " + st.label));
+        list.replaceChildren(framesList(st.frames, { max: STACK_FRAMES }));
+      });
+    }
   }
   const m = more(groups.length);
   if (m) box.append(m);
@@ -206,29 +105,19 @@ async function showWhatIf(url) {
 
 // ---- start ---------------------------------------------------------------
 
-function layoutAll() { timeline.resize(); segmap.resize(); }
-
 async function start() {
   const d = await api(`/api/traces/${view.id}/incidents/${n}`);
-  view.home = d.window;
+  home = d.window;
   if (view.t0 === null || view.t1 === null || !(view.t1 > view.t0)) { view.t0 = d.window.t0; view.t1 = d.window.t1; }
   showReport(d);
-  layoutAll();
-  const [tl, sm] = await Promise.all([timeline.load(), segmap.load()]);
-  draw();
-  if (tl && sm) root.dataset.ready = "1";
+  view.request("timeline", "map");
   showWhatIf(d.whatif_url).catch((e) => {
     document.getElementById("whatif-status").textContent = "What-if failed: " + e.message;
     document.getElementById("whatif-status").classList.add("error");
   });
 }
 
-initTheme(() => { pal = palette(); schedule(); });
+view.start();
+initKeys(view);
 initShare(view.id);
-document.getElementById("reset").addEventListener("click", () => view.resetWindow());
-let resizeTimer = 0;
-new ResizeObserver(() => {
-  clearTimeout(resizeTimer);
-  resizeTimer = setTimeout(() => { const w = timeline.plotW; layoutAll(); if (timeline.plotW !== w) needTimeline = true; schedule(); }, 100);
-}).observe(document.getElementById("timeline-wrap"));
 start().catch((e) => view.error("Incident: " + e.message));

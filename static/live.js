@@ -8,6 +8,7 @@
 // page gets fewer, fresher updates instead of a backlog.
 
 const MIN_GAP_MS = 150; // at most ~6 updates a second, whatever the rate
+const PROGRAM = { user: false }; // our moves, which do not stop following
 
 function fmtRate(r) {
   if (r >= 1e6) return (r / 1e6).toFixed(1) + "M";
@@ -16,9 +17,9 @@ function fmtRate(r) {
 }
 
 /**
- * Follows the tail of view's trace. view needs id, t0, t1, setWindow,
- * setCursor and, for the window to grow past the trace's first end,
- * extendTo(lastUS). Returns { stop, state } for tests and the console.
+ * Follows the tail of view's trace. view is a PageState (pagestate.js): its
+ * "move" events with detail.user stop following; the moves made here pass
+ * {user: false}. Returns { stop, state } for tests and the console.
  */
 export function follow(view, { badgeParent = document.getElementById("view"), key = "l" } = {}) {
   const badge = document.createElement("button");
@@ -28,12 +29,10 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
   badgeParent?.prepend(badge);
 
   const state = { following: true, status: "live", seq: -1, rate: 0, lastUS: null, updates: 0, stopped: false };
-  let ws = null, retry = 250, internal = false;
+  let ws = null, retry = 250;
 
-  // The user's own moves stop following; ours do not.
-  const setWindow = view.setWindow, setCursor = view.setCursor;
-  view.setWindow = (...a) => { if (!internal) pause(); return setWindow(...a); };
-  view.setCursor = (...a) => { if (!internal) pause(); return setCursor(...a); };
+  const onMove = (e) => { if (e.detail.user) pause(); };
+  view.addEventListener("move", onMove);
 
   function render() {
     badge.dataset.status = state.status;
@@ -52,15 +51,10 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
 
   function jump() {
     if (state.lastUS === null) return;
-    view.extendTo?.(state.lastUS);
+    view.extendTo(state.lastUS);
     const span = Math.max(10, view.t1 - view.t0);
-    internal = true;
-    try {
-      setWindow(state.lastUS - span * 0.95, state.lastUS + span * 0.05);
-      setCursor(state.lastUS);
-    } finally {
-      internal = false;
-    }
+    view.setWindow(state.lastUS - span * 0.95, state.lastUS + span * 0.05, PROGRAM);
+    view.setCursor(state.lastUS, PROGRAM);
   }
 
   function resume() {
@@ -92,7 +86,7 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       state.seq = m.seq;
       state.rate = m.rate;
       if (m.events > 0) state.lastUS = m.last_us;
-      view.extendTo?.(state.lastUS ?? m.last_us);
+      view.extendTo(state.lastUS ?? m.last_us);
       if (state.following && m.events > 0) jump();
       render();
       // Ask for the next once this one is drawn, and not too soon.
@@ -122,8 +116,7 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
     stop() {
       state.stopped = true;
       document.removeEventListener("keydown", onKey);
-      view.setWindow = setWindow;
-      view.setCursor = setCursor;
+      view.removeEventListener("move", onMove);
       ws?.close();
       badge.remove();
     },

@@ -3,7 +3,7 @@
 // scale for all rows so their sizes compare; the wheel zooms into an
 // offset range. Blocks are coloured by state, the largest free block is
 // marked, and the selected allocation is outlined as on the timeline.
-import { api, fitCanvas, fmtAddr, fmtBytesShort, niceTicks } from "./common.js";
+import { api, LatestFetch, fitCanvas, fmtAddr, fmtBytesShort, niceTicks } from "./common.js";
 
 const LABEL = 170, ROW = 18, GAP = 4, TOP = 20, RIGHT = 8;
 const SEG = 7, BLK = 6; // columns of the flat arrays
@@ -14,7 +14,7 @@ export class SegMap {
     this.tip = tip;
     this.view = view;
     this.data = null;
-    this.abort = null;
+    this.fetcher = new LatestFetch(view, "Segment map");
     this.hover = null;
     this.listen();
   }
@@ -49,28 +49,25 @@ export class SegMap {
 
   async load() {
     const v = this.view;
-    this.abort?.abort();
-    const ac = new AbortController();
-    this.abort = ac;
-    // layoutSeq (an incident's oom event) pins the map to one event.
-    const at = v.layoutSeq != null ? "seq=" + v.layoutSeq : "t=" + Math.round(v.cursor);
-    const started = performance.now();
-    try {
-      const d = await api(`/api/traces/${v.id}/layout?${at}`, { signal: ac.signal });
-      if (ac.signal.aborted) return false;
-      this.data = d;
-      v.stats.fetchMs.push(performance.now() - started);
-      return true;
-    } catch (e) {
-      if (e.name === "AbortError") return false;
-      v.error("Segment map: " + e.message);
-      return false;
-    }
+    // layoutSeq (an incident's oom event) pins the map to one event; a
+    // cursor set to an event shows the map right after it.
+    const seq = v.layoutSeq ?? v.cursorSeq;
+    const at = seq != null ? "seq=" + seq : "t=" + Math.round(v.cursor);
+    const d = await this.fetcher.run((signal) => api(`/api/traces/${v.id}/layout?${at}`, { signal }));
+    if (!d) return false;
+    this.data = d;
+    return true;
   }
 
   draw(pal) {
     const start = performance.now();
     this.resize();
+    // Frames that change nothing here (a hover on the timeline) skip it.
+    const v = this.view;
+    const key = [this.cssW, this.cssH, v.m0, v.m1, v.sel, this.hover?.index, pal.panel, v.pinned.size].join();
+    if (this.drawn === this.data && this.drawnKey === key) return;
+    this.drawn = this.data;
+    this.drawnKey = key;
     const ctx = fitCanvas(this.canvas, this.cssW, this.cssH);
     ctx.fillStyle = pal.panel;
     ctx.fillRect(0, 0, this.cssW, this.cssH);

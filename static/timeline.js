@@ -1,15 +1,53 @@
 // The timeline: reserved / allocated / active bytes (min/max per pixel
 // column from the server) over memory_viz's stacked active-memory bands.
-// Data is fetched per viewport; while a fetch is in flight the last answer
-// is redrawn at the new scale, so zooming never waits on the network.
-import { api, fitCanvas, niceTicks, fmtBytesShort, fmtTime } from "./common.js";
+// Both axes zoom: the time window (wheel, drag, shift-drag) and the memory
+// range (ctrl- or alt-wheel, or a shift-dragged rectangle); the server
+// sends the bands at least a pixel tall in the visible range, at their
+// exact place in the stack, with the allocated envelope behind them. Data
+// is fetched per viewport in a binary form; while a fetch is in flight the
+// last answer is redrawn at the new scale, so zooming never waits on the
+// network. The bands and lines are drawn once per change of data or scale
+// into a layer; hover, cursor and selection are drawn over it.
+import { apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesShort } from "./common.js";
 
 const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 8;
+const MIN_BYTES_SPAN = 4096;
+
+/** The usage answer's binary form (see server/bands.go). */
+export function decodeUsage(buf) {
+  const dv = new DataView(buf);
+  if (dv.getUint32(0, true) !== 0x31555356) throw new Error("not a usage answer"); // "VSU1"
+  const n = dv.getUint32(4, true);
+  const f = new Float64Array(buf, 8, 2 + 7 * n);
+  return { bucket_us: f[0], start_us: f[1], events: f.subarray(2, 2 + n),
+    reserved: f.subarray(2 + n, 2 + 3 * n), allocated: f.subarray(2 + 3 * n, 2 + 5 * n), active: f.subarray(2 + 5 * n, 2 + 7 * n) };
+}
+
+/** The bands answer's binary form (see server/bands.go). */
+export function decodeBands(buf) {
+  const dv = new DataView(buf);
+  if (dv.getUint32(0, true) !== 0x31425356) throw new Error("not a bands answer"); // "VSB1"
+  const u = (i) => dv.getUint32(4 + 4 * i, true);
+  const w = u(0), nb = u(1), nr = u(2);
+  const f = new Float64Array(buf, 32, 6 + w + 4 * nb + nr);
+  const i32 = new Uint32Array(buf, 32 + 8 * f.length, 4 * nb + 1 + nr);
+  const at = 6 + w;
+  const out = {
+    w, dropped: u(3), samples: u(4), checkpoints: u(5) === 1,
+    t0: f[0], t1: f[1], m0: f[2], m1: f[3], y_max: f[4], min_bytes: f[5],
+    allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb), runCols: i32.subarray(4 * nb + 1), bands: new Array(nb),
+  };
+  for (let i = 0; i < nb; i++) {
+    out.bands[i] = { seq: f[at + i], address: f[at + nb + i], size: f[at + 2 * nb + i], requested_size: f[at + 3 * nb + i],
+      stack: i32[i], c0: i32[nb + i], c1: i32[2 * nb + i], r0: i32[3 * nb + i], r1: i32[3 * nb + i + 1] };
+  }
+  return out;
+}
 
 export class Timeline {
   /**
    * @param {HTMLCanvasElement} canvas
-   * @param {object} view  the shared view (t0, t1, cursor, sel, ...) and its callbacks
+   * @param {object} view  the page state (pagestate.js)
    */
   constructor(canvas, tip, view) {
     this.canvas = canvas;
@@ -17,49 +55,64 @@ export class Timeline {
     this.view = view;
     this.usage = null; // last usage answer with its window
     this.bands = null; // last bands answer
-    this.abort = null;
-    this.brush = null; // [tA, tB] while shift-dragging
+    this.fetcher = new LatestFetch(view, "Timeline");
+    this.brush = null; // {t0, t1, y0, y1} while shift-dragging
     this.hover = null;
+    this.layer = document.createElement("canvas");
+    this.layerKey = "";
+    this.autoTop = 1;
+    this.cssH = 300;
     this.listen();
   }
 
   get plotW() { return Math.max(10, this.cssW - AXIS_LEFT - RIGHT); }
   get plotH() { return Math.max(10, this.cssH - AXIS_BOTTOM - TOP); }
 
-  resize() {
+  /** Sizes the canvas to its box: the full width, and height h (CSS px). */
+  resize(h) {
     const box = this.canvas.parentElement.getBoundingClientRect();
     this.cssW = Math.max(200, Math.floor(box.width));
-    this.cssH = 300;
+    if (h) this.cssH = Math.max(200, Math.round(h));
   }
 
   xOf(t) { const v = this.view; return AXIS_LEFT + ((t - v.t0) / (v.t1 - v.t0)) * this.plotW; }
   tOf(x) { const v = this.view; return v.t0 + ((x - AXIS_LEFT) / this.plotW) * (v.t1 - v.t0); }
 
-  /** Fetch the data of the current window (stale requests are aborted). */
+  /** The visible memory range: the view's, else 0 to the window's peak. */
+  yRange() {
+    const v = this.view;
+    if (v.y1 !== null && v.y1 > v.y0) return [v.y0, v.y1];
+    return [0, this.autoTop];
+  }
+
+  // autoTop is the top of the memory axis when it is not zoomed: the
+  // window's peak reserved bytes and a margin.
+  fitTop() {
+    let m = this.bands?.y_max || 0;
+    const u = this.usage;
+    if (u) for (let i = 1; i < u.reserved.length; i += 2) m = Math.max(m, u.reserved[i]);
+    this.autoTop = Math.max(1, m) * 1.05;
+  }
+
+  yOf(b) { const [y0, y1] = this.yRange(); return TOP + this.plotH - ((b - y0) / (y1 - y0)) * this.plotH; }
+  bytesOf(y) { const [y0, y1] = this.yRange(); return y0 + ((TOP + this.plotH - y) / this.plotH) * (y1 - y0); }
+
+  /** Fetch the data of the current window and memory range (stale requests are aborted). */
   async load() {
     const v = this.view;
     const t0 = Math.floor(v.t0), t1 = Math.max(Math.ceil(v.t1), Math.floor(v.t0) + 1);
-    this.abort?.abort();
-    const ac = new AbortController();
-    this.abort = ac;
     const w = Math.round(this.plotW), h = Math.round(this.plotH);
     const base = `/api/traces/${v.id}`;
-    const started = performance.now();
-    try {
-      const [usage, bands] = await Promise.all([
-        api(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}`, { signal: ac.signal }),
-        api(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}`, { signal: ac.signal }),
-      ]);
-      if (ac.signal.aborted) return false;
-      this.usage = { ...usage, t0, t1 };
-      this.bands = bands;
-      v.stats.fetchMs.push(performance.now() - started);
-      return true;
-    } catch (e) {
-      if (e.name === "AbortError") return false;
-      v.error("Timeline: " + e.message);
-      return false;
-    }
+    const mem = v.y1 !== null && v.y1 > v.y0 ? `&m0=${Math.floor(v.y0)}&m1=${Math.ceil(v.y1)}` : "";
+    const got = await this.fetcher.run((signal) => Promise.all([
+      apiBinary(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}&format=bin`, { signal }),
+      apiBinary(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}&format=bin`, { signal }),
+    ]));
+    if (!got) return false;
+    this.usage = { ...decodeUsage(got[0]), t0, t1 };
+    this.bands = decodeBands(got[1]);
+    this.fitTop();
+    return true;
   }
 
   draw(pal) {
@@ -68,16 +121,62 @@ export class Timeline {
     const v = this.view;
     ctx.fillStyle = pal.panel;
     ctx.fillRect(0, 0, this.cssW, this.cssH);
-    const yMax = this.yMax();
-    const yOf = (b) => TOP + this.plotH - (b / yMax) * this.plotH;
-
+    // The data layer is drawn again only for new data (or size, theme,
+    // search); between an input and its answer the last layer is stretched
+    // to the new scale, which costs one image copy per frame.
+    const key = [this.cssW, this.cssH, pal.panel].join();
+    if (this.layerKey !== key || this.layerUsage !== this.usage || this.layerBands !== this.bands || this.layerMarks !== v.searchMarks) {
+      const lctx = fitCanvas(this.layer, this.cssW, this.cssH);
+      lctx.clearRect(0, 0, this.cssW, this.cssH);
+      this.drawLayer(lctx, pal);
+      this.layerKey = key;
+      this.layerUsage = this.usage;
+      this.layerBands = this.bands;
+      this.layerMarks = v.searchMarks;
+      this.layerView = [v.t0, v.t1, ...this.yRange()];
+    }
+    const [t0, t1, y0, y1] = this.layerView;
+    const [lo, hi] = this.yRange();
+    const ax = (t1 - t0) / (v.t1 - v.t0), ay = (y1 - y0) / (hi - lo);
+    const bx = AXIS_LEFT + ((t0 - v.t0) / (v.t1 - v.t0)) * this.plotW - AXIS_LEFT * ax;
+    const by = TOP + this.plotH - ((y0 - lo) / (hi - lo)) * this.plotH - (TOP + this.plotH) * ay;
     ctx.save();
     ctx.beginPath();
     ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
     ctx.clip();
-    this.drawBands(ctx, pal, yOf);
-    this.drawUsage(ctx, pal, yOf);
-    // Cursor and brush.
+    ctx.transform(ax, 0, 0, ay, bx, by);
+    ctx.drawImage(this.layer, 0, 0, this.cssW, this.cssH);
+    ctx.restore();
+    this.drawAxes(ctx, pal);
+    this.drawOverlay(ctx, pal);
+    v.stats.drawMs.push(performance.now() - start);
+    v.stats.timelineMs.push(performance.now() - start);
+  }
+
+  drawLayer(ctx, pal) {
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
+    ctx.clip();
+    this.drawBands(ctx, pal);
+    this.drawUsage(ctx, pal);
+    this.drawSearchMarks(ctx, pal);
+    ctx.restore();
+  }
+
+  drawOverlay(ctx, pal) {
+    const v = this.view;
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
+    ctx.clip();
+    const b = this.bands;
+    if (b) {
+      const sel = v.sel, selAddr = v.selBlock?.addr;
+      const selected = b.bands.find((x) => (sel !== null && x.seq === sel) || (x.seq < 0 && x.address === selAddr));
+      if (selected) this.outlineBand(ctx, selected, pal.select, 2, true);
+      if (this.hover?.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, pal.fg, 1);
+    }
     if (v.cursor !== null && v.cursor !== undefined) {
       const x = Math.round(this.xOf(v.cursor)) + 0.5;
       ctx.strokeStyle = pal.cursor;
@@ -95,80 +194,90 @@ export class Timeline {
       ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x + 9, TOP + 5); ctx.lineTo(x, TOP + 10); ctx.fill();
     }
     if (this.brush) {
-      const [a, b] = this.brush;
-      const x0 = this.xOf(Math.min(a, b)), x1 = this.xOf(Math.max(a, b));
+      const { t0, t1, y0, y1 } = this.brush;
+      const x0 = this.xOf(Math.min(t0, t1)), x1 = this.xOf(Math.max(t0, t1));
       ctx.fillStyle = pal.brush;
-      ctx.fillRect(x0, TOP, x1 - x0, this.plotH);
+      if (Math.abs(this.yOf(y0) - this.yOf(y1)) > 8) {
+        const ya = this.yOf(Math.max(y0, y1)), yb = this.yOf(Math.min(y0, y1));
+        ctx.fillRect(x0, ya, x1 - x0, yb - ya);
+      } else ctx.fillRect(x0, TOP, x1 - x0, this.plotH);
     }
     ctx.restore();
-    this.drawAxes(ctx, pal, yMax, yOf);
-    v.stats.drawMs.push(performance.now() - start);
-    v.stats.timelineMs.push(performance.now() - start);
-  }
-
-  yMax() {
-    let m = this.bands?.y_max || 0;
-    const u = this.usage;
-    if (u) for (let i = 1; i < u.reserved.length; i += 2) m = Math.max(m, u.reserved[i]);
-    return Math.max(1, m) * 1.05;
   }
 
   // The bands were laid out for the window they were fetched for; map
-  // their columns to the current window's x.
-  drawBands(ctx, pal, yOf) {
+  // their columns to the current window's x. Rectangles of one colour go
+  // into one path, filled once.
+  drawBands(ctx, pal) {
     const b = this.bands;
     if (!b) return;
     const colW = (b.t1 - b.t0) / b.w;
-    const xc = (c) => this.xOf(b.t0 + c * colW);
-    // The folded small allocations: one area at the bottom.
+    // An answer drawn at another scale than its own (while the next one is
+    // on its way) can map far off the plot: coordinates are clamped to just
+    // around it, and columns outside it skipped.
+    const left = AXIS_LEFT - 2, right = AXIS_LEFT + this.plotW + 2, top = TOP - 2, bottom = TOP + this.plotH + 2;
+    const xc = (c) => Math.max(left, Math.min(right, this.xOf(b.t0 + c * colW)));
+    const yc = (v) => Math.max(top, Math.min(bottom, this.yOf(v)));
+    const c0 = Math.max(0, Math.floor((this.view.t0 - b.t0) / colW) - 1), c1 = Math.min(b.w, Math.ceil((this.view.t1 - b.t0) / colW) + 1);
+    const [lo, hi] = this.yRange();
+    // The allocated envelope, one polygon: where no band is drawn,
+    // allocations too small or too short to draw at this zoom.
+    const env = new Path2D();
+    const base = yc(Math.max(0, lo));
+    env.moveTo(xc(c0), base);
+    for (let c = c0; c < c1; c++) {
+      const y = yc(b.allocated[c]);
+      env.lineTo(xc(c), y);
+      env.lineTo(xc(c + 1), y);
+    }
+    env.lineTo(xc(c1), base);
+    env.closePath();
     ctx.fillStyle = pal.small;
-    for (let c = 0; c < b.w; c++) {
-      const s = b.small[c];
-      if (!s) continue;
-      const x0 = xc(c), x1 = xc(c + 1);
-      const y = yOf(s);
-      ctx.fillRect(x0, y, Math.max(1, x1 - x0), yOf(0) - y);
-    }
+    ctx.fill(env);
+    // Bands colour by colour: a canvas fills many rectangles one by one
+    // faster than as one path.
     const colors = pal.bands;
-    const sel = this.view.sel;
-    let selected = null;
-    for (let i = 0; i < b.bands.length; i++) {
-      const band = b.bands[i];
-      ctx.fillStyle = colors[((band.seq % colors.length) + colors.length) % colors.length];
-      const runs = band.runs;
-      for (let r = 0; r < runs.length; r += 2) {
-        const c0 = runs[r], c1 = r + 2 < runs.length ? runs[r + 2] : band.c1 + 1;
-        const x0 = xc(c0), x1 = xc(c1);
-        const y1 = yOf(runs[r + 1]), y0 = yOf(runs[r + 1] + band.size);
-        ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0));
+    // The colour follows the allocation's seq; those made before the trace
+    // (all seq -1) by their address, so neighbours differ.
+    const colorOf = (band) => (band.seq >= 0 ? band.seq : Math.floor(band.address / 512)) % colors.length;
+    for (let k = 0; k < colors.length; k++) {
+      ctx.fillStyle = colors[k];
+      for (const band of b.bands) {
+        if (band.c1 < c0 || band.c0 >= c1 || colorOf(band) !== k) continue;
+        for (let r = band.r0; r < band.r1; r++) {
+          const off = b.runOffs[r], end = r + 1 < band.r1 ? b.runCols[r + 1] : band.c1 + 1;
+          if (off >= hi || off + band.size <= lo || end <= c0 || b.runCols[r] >= c1) continue;
+          const x0 = xc(b.runCols[r]), x1 = xc(end);
+          const y1 = yc(off), y0 = yc(off + band.size);
+          ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0));
+        }
       }
-      if (band.seq === sel) selected = band;
     }
-    if (selected) this.outlineBand(ctx, selected, xc, yOf, pal.select, 2, true);
-    if (this.hover && this.hover.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, xc, yOf, pal.fg, 1);
   }
 
   // Outline a band as two step lines (its top and bottom edges), closed at
   // both ends; the selected one is also tinted.
-  outlineBand(ctx, band, xc, yOf, color, width, tint) {
-    const runs = band.runs, end = xc(band.c1 + 1);
+  outlineBand(ctx, band, color, width, tint) {
+    const b = this.bands;
+    const colW = (b.t1 - b.t0) / b.w;
+    const xc = (c) => this.xOf(b.t0 + c * colW);
+    const end = xc(band.c1 + 1);
+    const x1Of = (r) => (r + 1 < band.r1 ? xc(b.runCols[r + 1]) : end);
     const edge = (dy) => {
       ctx.beginPath();
-      for (let r = 0; r < runs.length; r += 2) {
-        const x0 = xc(runs[r]), x1 = r + 2 < runs.length ? xc(runs[r + 2]) : end;
-        const y = yOf(runs[r + 1] + dy);
-        if (r === 0) ctx.moveTo(x0, y); else ctx.lineTo(x0, y);
-        ctx.lineTo(x1, y);
+      for (let r = band.r0; r < band.r1; r++) {
+        const x0 = xc(b.runCols[r]), y = this.yOf(b.runOffs[r] + dy);
+        if (r === band.r0) ctx.moveTo(x0, y); else ctx.lineTo(x0, y);
+        ctx.lineTo(x1Of(r), y);
       }
       return ctx;
     };
     if (tint) {
       ctx.globalAlpha = 0.35;
       ctx.fillStyle = color;
-      for (let r = 0; r < runs.length; r += 2) {
-        const x0 = xc(runs[r]), x1 = r + 2 < runs.length ? xc(runs[r + 2]) : end;
-        const y1 = yOf(runs[r + 1]), y0 = yOf(runs[r + 1] + band.size);
-        ctx.fillRect(x0, y0, Math.max(1, x1 - x0), Math.max(1, y1 - y0));
+      for (let r = band.r0; r < band.r1; r++) {
+        const x0 = xc(b.runCols[r]), y1 = this.yOf(b.runOffs[r]), y0 = this.yOf(b.runOffs[r] + band.size);
+        ctx.fillRect(x0, y0, Math.max(1, x1Of(r) - x0), Math.max(1, y1 - y0));
       }
       ctx.globalAlpha = 1;
     }
@@ -176,79 +285,122 @@ export class Timeline {
     ctx.lineWidth = width;
     edge(0).stroke();
     edge(band.size).stroke();
-    const first = runs[1], last = runs[runs.length - 1];
+    const first = b.runOffs[band.r0], last = b.runOffs[band.r1 - 1];
     ctx.beginPath();
-    ctx.moveTo(xc(band.c0), yOf(first)); ctx.lineTo(xc(band.c0), yOf(first + band.size));
-    ctx.moveTo(end, yOf(last)); ctx.lineTo(end, yOf(last + band.size));
+    ctx.moveTo(xc(band.c0), this.yOf(first)); ctx.lineTo(xc(band.c0), this.yOf(first + band.size));
+    ctx.moveTo(end, this.yOf(last)); ctx.lineTo(end, this.yOf(last + band.size));
     ctx.stroke();
   }
 
-  drawUsage(ctx, pal, yOf) {
+  drawUsage(ctx, pal) {
     const u = this.usage;
     if (!u) return;
     const n = u.events.length;
+    const left = AXIS_LEFT - 2, right = AXIS_LEFT + this.plotW + 2, top = TOP - 2, bottom = TOP + this.plotH + 2;
+    const xc = (t) => Math.max(left, Math.min(right, this.xOf(t)));
+    const yc = (v) => Math.max(top, Math.min(bottom, this.yOf(v)));
+    const i0 = Math.max(0, Math.floor((this.view.t0 - u.start_us) / u.bucket_us) - 1);
+    const i1 = Math.min(n, Math.ceil((this.view.t1 - u.start_us) / u.bucket_us) + 1);
     const series = [["reserved", pal.reserved], ["active", pal.active], ["allocated", pal.allocated]];
+    // Each series is its maximum per column, a one-pixel line (wider lines
+    // cost ten times as much to draw), over a tint of the polygon between
+    // its minimum and maximum, which shows how much it moved in a column.
     for (const [key, color] of series) {
       const mm = u[key];
-      ctx.strokeStyle = color;
-      ctx.fillStyle = color;
-      ctx.lineWidth = 1.5;
-      ctx.beginPath();
-      for (let i = 0; i < n; i++) {
-        const x0 = this.xOf(u.start_us + i * u.bucket_us), x1 = this.xOf(u.start_us + (i + 1) * u.bucket_us);
-        const yLo = yOf(mm[2 * i]), yHi = yOf(mm[2 * i + 1]);
-        if (i === 0) ctx.moveTo(x0, yHi); else ctx.lineTo(x0, yHi);
-        ctx.lineTo(x1, yHi);
-        // Where a column's min and max differ, draw its envelope.
-        if (yLo - yHi >= 1) ctx.fillRect(x0, yHi, Math.max(1, x1 - x0), yLo - yHi);
+      const line = new Path2D(), env = new Path2D();
+      for (let i = i0; i < i1; i++) {
+        const x0 = xc(u.start_us + i * u.bucket_us), x1 = xc(u.start_us + (i + 1) * u.bucket_us);
+        const yHi = yc(mm[2 * i + 1]);
+        if (i === i0) { line.moveTo(x0, yHi); env.moveTo(x0, yHi); } else { line.lineTo(x0, yHi); env.lineTo(x0, yHi); }
+        line.lineTo(x1, yHi);
+        env.lineTo(x1, yHi);
       }
-      ctx.stroke();
+      for (let i = i1 - 1; i >= i0; i--) {
+        const yLo = yc(mm[2 * i]);
+        env.lineTo(xc(u.start_us + (i + 1) * u.bucket_us), yLo);
+        env.lineTo(xc(u.start_us + i * u.bucket_us), yLo);
+      }
+      env.closePath();
+      ctx.fillStyle = ctx.strokeStyle = color;
+      ctx.lineWidth = 1;
+      ctx.globalAlpha = 0.3; // the bands stay visible under a busy series
+      ctx.fill(env);
+      ctx.globalAlpha = 1;
+      ctx.stroke(line);
     }
   }
 
-  drawAxes(ctx, pal, yMax, yOf) {
+  // Search matches: a tick under the plot at each match's allocation time.
+  drawSearchMarks(ctx, pal) {
+    const marks = this.view.searchMarks;
+    if (!marks?.length) return;
+    ctx.fillStyle = pal.select;
+    for (const t of marks) {
+      const x = this.xOf(t);
+      if (x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) continue;
+      ctx.fillRect(Math.round(x) - 1, TOP + this.plotH - 7, 2, 7);
+    }
+  }
+
+  drawAxes(ctx, pal) {
     const v = this.view;
+    const [lo, hi] = this.yRange();
     ctx.fillStyle = pal.fg;
     ctx.strokeStyle = pal.grid;
     ctx.lineWidth = 1;
     ctx.font = "11px system-ui, sans-serif";
     ctx.textAlign = "right";
     ctx.textBaseline = "middle";
-    for (const b of niceTicks(0, yMax, 5, true)) {
-      const y = Math.round(yOf(b)) + 0.5;
+    // A narrow range high up (a zoomed memory axis) is labelled from a
+    // base written once, since its ticks would all round to the same size.
+    const ticks = niceTicks(lo, hi, Math.max(3, Math.floor(this.plotH / 50)), true);
+    const base = hi - lo < hi / 50 && ticks.length ? ticks[0] : 0;
+    for (const b of ticks) {
+      const y = Math.round(this.yOf(b)) + 0.5;
       ctx.beginPath(); ctx.moveTo(AXIS_LEFT - 4, y); ctx.lineTo(AXIS_LEFT + this.plotW, y); ctx.stroke();
-      ctx.fillText(fmtBytesShort(b), AXIS_LEFT - 6, y);
+      ctx.fillText(base && b !== base ? "+" + fmtBytesShort(b - base) : fmtBytesShort(b), AXIS_LEFT - 6, y);
+    }
+    if (base) {
+      ctx.textAlign = "left";
+      ctx.fillText("from " + fmtBytes(base), AXIS_LEFT + 4, TOP + 8);
     }
     ctx.textAlign = "center";
     ctx.textBaseline = "top";
     const y0 = TOP + this.plotH;
     ctx.beginPath(); ctx.moveTo(AXIS_LEFT, y0 + 0.5); ctx.lineTo(AXIS_LEFT + this.plotW, y0 + 0.5); ctx.stroke();
     const origin = v.firstUS;
-    for (const t of niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)))) {
+    for (const t of niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)), false, v.noTime)) {
       const x = Math.round(this.xOf(t + origin)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
-      ctx.fillText(fmtTime(t), x, y0 + 6);
+      ctx.fillText(v.fmtT(t + origin), x, y0 + 6);
     }
   }
 
-  /** The band (or the small band) under a point, or null. */
+  /** The band (or the allocated envelope) under a point, or null. */
   hit(x, y) {
     const b = this.bands;
     if (!b || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW || y < TOP || y > TOP + this.plotH) return null;
     const t = this.tOf(x);
     const c = Math.floor((t - b.t0) / ((b.t1 - b.t0) / b.w));
     if (c < 0 || c >= b.w) return null;
-    const yMax = this.yMax();
-    const bytes = ((TOP + this.plotH - y) / this.plotH) * yMax;
+    const bytes = this.bytesOf(y);
     for (const band of b.bands) {
-      if (c < band.c0 || c > band.c1) continue;
-      const runs = band.runs;
-      let off = runs[1];
-      for (let r = 0; r < runs.length && runs[r] <= c; r += 2) off = runs[r + 1];
+      if (c < band.c0 || c > band.c1 || bytes < 0) continue;
+      let r = band.r0;
+      while (r + 1 < band.r1 && b.runCols[r + 1] <= c) r++;
+      const off = b.runOffs[r];
       if (bytes >= off && bytes < off + band.size) return { band, t };
     }
-    if (bytes >= 0 && bytes < b.small[c]) return { small: b.small[c], t };
+    if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t };
     return { t };
+  }
+
+  /** Zooms the memory axis by f around bytes at. */
+  zoomMemory(at, f) {
+    const [lo, hi] = this.yRange();
+    const span = Math.max(MIN_BYTES_SPAN, (hi - lo) * f);
+    const y0 = Math.max(0, at - ((at - lo) / (hi - lo)) * span);
+    this.view.setMemory(y0, y0 + span);
   }
 
   listen() {
@@ -258,29 +410,38 @@ export class Timeline {
     const pos = (e) => { const r = cv.getBoundingClientRect(); return [e.clientX - r.left, e.clientY - r.top]; };
     cv.addEventListener("wheel", (e) => {
       e.preventDefault();
-      const [x] = pos(e);
+      const [x, y] = pos(e);
       const f = Math.exp(Math.max(-1, Math.min(1, e.deltaY * 0.002)));
-      v.zoomTime(this.tOf(x), f);
+      if (e.ctrlKey || e.altKey || e.metaKey) this.zoomMemory(this.bytesOf(y), f);
+      else v.zoomTime(this.tOf(x), f);
     }, { passive: false });
     cv.addEventListener("pointerdown", (e) => {
       const [x, y] = pos(e);
       cv.setPointerCapture(e.pointerId);
-      drag = { x0: x, y0: y, t0: v.t0, t1: v.t1, brush: e.shiftKey, moved: false };
-      if (drag.brush) this.brush = [this.tOf(x), this.tOf(x)];
+      const [y0, y1] = this.yRange();
+      drag = { x0: x, y0: y, t0: v.t0, t1: v.t1, m0: y0, m1: y1, zoomedY: v.y1 !== null, brush: e.shiftKey, moved: false };
+      if (drag.brush) this.brush = { t0: this.tOf(x), t1: this.tOf(x), y0: this.bytesOf(y), y1: this.bytesOf(y) };
     });
     cv.addEventListener("pointermove", (e) => {
       const [x, y] = pos(e);
       if (drag) {
-        if (Math.abs(x - drag.x0) > 3) drag.moved = true;
+        if (Math.abs(x - drag.x0) > 3 || Math.abs(y - drag.y0) > 3) drag.moved = true;
         if (drag.brush) {
-          this.brush[1] = this.tOf(x);
+          this.brush.t1 = this.tOf(x);
+          this.brush.y1 = this.bytesOf(y);
           v.redraw();
         } else if (drag.moved) {
           const dt = ((x - drag.x0) / this.plotW) * (drag.t1 - drag.t0);
           v.setWindow(drag.t0 - dt, drag.t1 - dt);
+          if (drag.zoomedY) {
+            const dm = ((y - drag.y0) / this.plotH) * (drag.m1 - drag.m0);
+            const m0 = Math.max(0, drag.m0 + dm);
+            v.setMemory(m0, m0 + (drag.m1 - drag.m0));
+          }
         }
         return;
       }
+      v.hoverStart ??= performance.now();
       this.hover = this.hit(x, y);
       v.showTip(this.tip, this.hover, x, y, "timeline");
       v.redraw();
@@ -289,14 +450,18 @@ export class Timeline {
       if (!drag) return;
       const [x, y] = pos(e);
       if (drag.brush) {
-        const [a, b] = this.brush;
+        const { t0, t1, y0, y1 } = this.brush;
         this.brush = null;
-        if (Math.abs(this.xOf(a) - this.xOf(b)) > 3) v.setWindow(Math.min(a, b), Math.max(a, b));
-        else v.redraw();
+        if (Math.abs(this.xOf(t0) - this.xOf(t1)) > 3) v.setWindow(Math.min(t0, t1), Math.max(t0, t1));
+        if (Math.abs(this.yOf(y0) - this.yOf(y1)) > 8) v.setMemory(Math.max(0, Math.min(y0, y1)), Math.max(y0, y1));
+        v.redraw();
       } else if (!drag.moved) {
         const h = this.hit(x, y);
         v.setCursor(this.tOf(x));
-        if (h && h.band) v.select(h.band.seq);
+        if (h && h.band) {
+          if (h.band.seq >= 0) v.select(h.band.seq);
+          else v.selectBlock({ addr: h.band.address, size: h.band.size, requested: h.band.requested_size, stack: h.band.stack, seq: -1 });
+        }
       }
       drag = null;
     };
@@ -305,11 +470,14 @@ export class Timeline {
     cv.addEventListener("pointerleave", () => { this.hover = null; v.showTip(this.tip, null); v.redraw(); });
     cv.addEventListener("keydown", (e) => {
       const span = v.t1 - v.t0, mid = (v.t0 + v.t1) / 2;
+      const [lo, hi] = this.yRange();
       switch (e.key) {
         case "ArrowLeft": v.setWindow(v.t0 - span * 0.1, v.t1 - span * 0.1); break;
         case "ArrowRight": v.setWindow(v.t0 + span * 0.1, v.t1 + span * 0.1); break;
-        case "+": case "=": case "ArrowUp": v.zoomTime(mid, 0.8); break;
-        case "-": case "_": case "ArrowDown": v.zoomTime(mid, 1.25); break;
+        case "+": case "=": v.zoomTime(mid, 0.8); break;
+        case "-": case "_": v.zoomTime(mid, 1.25); break;
+        case "PageUp": this.zoomMemory((lo + hi) / 2, 0.8); break;
+        case "PageDown": this.zoomMemory((lo + hi) / 2, 1.25); break;
         case "0": v.resetWindow(); break;
         default: return;
       }

@@ -1,7 +1,12 @@
-// Hover tips shared by the trace view and the incident page: a box of rows
-// near the pointer, then the top frames of the hovered allocation's stack
-// once they arrive (if the tip still shows the same thing).
-import { api, el } from "./common.js";
+// Stacks for people and the hover tips of the trace view and the incident
+// page. The server sorts every frame (gpu.KindOf): "user" and "library"
+// frames are Python code, "native" and "recorder" frames are C++, the
+// interpreter and the allocator recording the stack; the latter are folded
+// away unless the page shows all frames. An allocation is labelled by its
+// stack's first user frame.
+import { api, el, fmtAddr, fmtBytes } from "./common.js";
+
+const HIDDEN = new Set(["native", "recorder"]);
 
 /** A frame as text ("?" for PyTorch's unknown line 2^64-1). */
 export function frameText(f) {
@@ -9,16 +14,49 @@ export function frameText(f) {
   return `${f.name} (${f.filename}:${line})`;
 }
 
-/** A function giving the frames of a stack id of traceId, fetched once each. */
+/** A function giving the stack ({frames, label}) of a stack id of traceId, fetched once each. */
 export function stackLoader(traceId) {
   const cache = new Map();
+  const none = Promise.resolve({ frames: [], label: "" });
   return (sid) => {
-    if (!sid) return Promise.resolve([]);
+    if (!sid) return none;
     if (!cache.has(sid)) {
-      cache.set(sid, api(`/api/traces/${traceId}/stacks/${sid}`).then((r) => r.frames || []).catch(() => []));
+      cache.set(sid, api(`/api/traces/${traceId}/stacks/${sid}`).then((r) => ({ frames: r.frames || [], label: r.label || "" }), () => ({ frames: [], label: "" })));
     }
     return cache.get(sid);
   };
+}
+
+/**
+ * A stack as a list: the frames people read, with each run of hidden ones
+ * (C++, interpreter, allocator) folded into one line, or every frame when
+ * all is set. max, when given, shows that many visible frames and folds the
+ * rest into a "show all" toggle (the incident page's long stacks).
+ */
+export function framesList(frames, { all = false, max = 0 } = {}) {
+  if (!frames || !frames.length) return el("p", { class: "dim" }, "No stack was recorded.");
+  const ol = el("ol", { class: "frames full" });
+  let folded = 0;
+  const flush = () => {
+    if (folded) ol.append(el("li", { class: "folded" }, `${folded} C++/interpreter frame${folded === 1 ? "" : "s"}`));
+    folded = 0;
+  };
+  const visible = frames.filter((f) => all || !HIDDEN.has(f.kind));
+  const shown = max && visible.length > max + 2 ? new Set(visible.slice(0, max)) : null;
+  let rest = null;
+  for (const f of frames) {
+    if (!all && HIDDEN.has(f.kind)) { folded++; continue; }
+    flush();
+    const li = el("li", { class: "frame-" + (f.kind || "user") }, frameText(f));
+    if (shown && !shown.has(f)) {
+      rest ??= el("ol", { class: "frames full" });
+      rest.append(li);
+    } else ol.append(li);
+  }
+  flush();
+  if (!rest) return ol;
+  const more = el("details", { class: "more-frames" }, el("summary", {}, `${rest.children.length} more frames`), rest);
+  return el("div", {}, ol, more);
 }
 
 let tipToken = 0;
@@ -29,19 +67,52 @@ export function hideTip(tip) {
   tip.hidden = true;
 }
 
-/** Shows rows in tip at (x, y) within its parent, then stack sid's top frames. */
-export function placeTip(tip, rows, x, y, stackOf, sid) {
+/** Shows rows in tip at (x, y) within its parent, then stack sid's label and first frames. */
+export function placeTip(tip, rows, x, y, stackOf, sid, all) {
   const token = ++tipToken;
   tip.replaceChildren(...rows);
   const wrap = tip.parentElement.getBoundingClientRect();
-  tip.style.left = Math.min(x + 14, wrap.width - 260) + "px";
+  tip.style.left = Math.max(0, Math.min(x + 14, wrap.width - 280)) + "px";
   tip.style.top = y + 14 + "px";
   tip.hidden = false;
   if (!sid) return;
-  stackOf(sid).then((frames) => {
-    if (token !== tipToken || !frames.length) return;
+  stackOf(sid).then((st) => {
+    if (token !== tipToken || !st.frames.length) return;
+    if (st.label) tip.append(el("div", { class: "label" }, st.label));
     const list = el("ol", { class: "frames" });
-    for (const f of frames.slice(0, 4)) list.append(el("li", {}, frameText(f)));
+    for (const f of st.frames.filter((f) => all || !HIDDEN.has(f.kind)).slice(0, 4)) list.append(el("li", {}, frameText(f)));
     tip.append(list);
   });
+}
+
+const STATES = ["cached free", "allocated", "pending free"];
+
+/**
+ * Shows what the timeline or the segment map has under the pointer: h is
+ * {band}, {block} or {small} from their hit tests, or null to hide the tip.
+ * view gives stackOf, the frames setting and the segments marked as pinned.
+ */
+export function showHitTip(view, tip, h, x, y) {
+  if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
+  const rows = [];
+  let sid = 0;
+  if (h.band) {
+    const b = h.band;
+    rows.push(el("strong", {}, fmtBytes(b.size)), el("br"), "requested " + fmtBytes(b.requested_size), el("br"),
+      (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.address));
+    sid = b.stack;
+  } else if (h.block) {
+    const b = h.block;
+    rows.push(el("strong", {}, fmtBytes(b.size)), " " + STATES[b.state], el("br"));
+    if (b.state !== 0) {
+      if (view.pinned.has(b.segment)) rows.push("pins its segment: it cannot be released", el("br"));
+      rows.push("requested " + fmtBytes(b.requested), el("br"), (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.addr));
+      sid = b.stack;
+    } else rows.push("at " + fmtAddr(b.addr));
+  } else {
+    rows.push(el("strong", {}, "up to " + fmtBytes(h.small) + " allocated here"), el("br"),
+      "in allocations under a pixel tall (or shorter than a column) at this zoom:", el("br"),
+      "zoom in (W, or shift-drag a rectangle) to see them");
+  }
+  placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames);
 }

@@ -79,7 +79,7 @@ func BenchmarkIngest(b *testing.B) {
 // benchDB opens (building if needed) a database holding one trace of n
 // events.
 func benchDB(b *testing.B, n int) (*DB, gpu.Trace) {
-	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-store-bench-v1-%d.db", n))
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-store-bench-v2-%d.db", n))
 	if db, err := Open(path); err == nil {
 		if ts, err := db.Traces(); err == nil && len(ts) == 1 && ts[0].Events == int64(n) && ts[0].Status == gpu.StatusComplete {
 			return db, ts[0]
@@ -169,6 +169,31 @@ func BenchmarkAllocations(b *testing.B) {
 	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
 		t0, t1 := window(t, rng)
 		_, err := db.Allocations(t.ID, t0, t1, t.PeakReserved/1000, 20000)
+		return err
+	})
+}
+
+// BenchmarkBands lays out the stacked timeline of a random window over
+// 1316 x 270 pixels, at the whole memory range and, every other time, at a
+// range of a hundredth of the peak.
+func BenchmarkBands(b *testing.B) {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
+		t0, t1 := window(t, rng)
+		q := BandsQuery{T0: t0, T1: t1, W: 1316, H: 270}
+		if rng.IntN(2) == 0 {
+			q.M0 = uint64(rng.Int64N(int64(t.PeakAllocated)))
+			q.M1 = q.M0 + t.PeakReserved/100
+		}
+		_, err := db.Bands(t.ID, q)
+		return err
+	})
+}
+
+// BenchmarkStatsAt rebuilds memory_summary()'s statistics at a random
+// instant.
+func BenchmarkStatsAt(b *testing.B) {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
+		_, _, err := db.StatsAt(t.ID, t.FirstUS+rng.Int64N(t.LastUS-t.FirstUS+1))
 		return err
 	})
 }

@@ -118,11 +118,31 @@ func appendEvent(buf []byte, st *encState, e *gpu.Event, ends bool) []byte {
 
 var errCorrupt = errors.New("corrupt event chunk")
 
-// decoder reads a chunk's events one at a time.
+// decoder reads a chunk's events one at a time. It moves an index over
+// buf rather than reslicing it: a slice field rewritten per varint costs a
+// GC write barrier each time, which doubled the cost of a scan.
 type decoder struct {
 	buf []byte
+	pos int
 	st  encState
 	err error
+}
+
+// more reports whether bytes are left.
+func (d *decoder) more() bool { return d.pos < len(d.buf) }
+
+// left is the number of bytes not read yet.
+func (d *decoder) left() int { return len(d.buf) - d.pos }
+
+// byte1 reads one byte; false (and d.err set) at the end.
+func (d *decoder) byte1() (byte, bool) {
+	if d.pos >= len(d.buf) {
+		d.err = errCorrupt
+		return 0, false
+	}
+	b := d.buf[d.pos]
+	d.pos++
+	return b, true
 }
 
 func newDecoder(data []byte, firstSeq, firstUS int64) *decoder {
@@ -130,13 +150,13 @@ func newDecoder(data []byte, firstSeq, firstUS int64) *decoder {
 }
 
 func (d *decoder) uvarint() uint64 {
-	v, n := binary.Uvarint(d.buf)
+	v, n := binary.Uvarint(d.buf[d.pos:])
 	if n <= 0 {
 		d.err = errCorrupt
-		d.buf = nil
+		d.pos = len(d.buf)
 		return 0
 	}
-	d.buf = d.buf[n:]
+	d.pos += n
 	return v
 }
 
@@ -149,19 +169,16 @@ func (d *decoder) varint() int64 {
 // next decodes the next event into e; false at the end or on corruption
 // (then d.err is set). ends reports extEnds.
 func (d *decoder) next(e *gpu.Event) (ends, ok bool) {
-	if len(d.buf) == 0 || d.err != nil {
+	if !d.more() || d.err != nil {
 		return false, false
 	}
-	tag := d.buf[0]
-	d.buf = d.buf[1:]
+	tag, _ := d.byte1()
 	var ext byte
 	if tag&tagExt != 0 {
-		if len(d.buf) == 0 {
-			d.err = errCorrupt
+		var ok bool
+		if ext, ok = d.byte1(); !ok {
 			return false, false
 		}
-		ext = d.buf[0]
-		d.buf = d.buf[1:]
 	}
 	*e = gpu.Event{Action: gpu.Action(tag & 15), Pool: gpu.Pool(tag >> tagPoolShift & 3)}
 	e.Seq = d.st.seq + 1
@@ -239,15 +256,14 @@ func decodeLayout(data []byte, rules gpu.Rules) (*gpu.Layout, error) {
 		s.Addr = prevEnd + d.uvarint()
 		s.Size = d.uvarint()
 		s.Stream = d.varint()
-		if len(d.buf) == 0 {
+		flags, ok := d.byte1()
+		if !ok {
 			return nil, errors.New("corrupt layout checkpoint")
 		}
-		flags := d.buf[0]
-		d.buf = d.buf[1:]
 		s.Pool = gpu.Pool(flags & 3)
 		s.Expandable = flags&4 != 0
 		nb := d.uvarint()
-		if nb > uint64(len(d.buf)) {
+		if nb > uint64(d.left()) {
 			return nil, errors.New("corrupt layout checkpoint")
 		}
 		s.Blocks = make([]gpu.Block, nb)
@@ -256,11 +272,11 @@ func decodeLayout(data []byte, rules gpu.Rules) (*gpu.Layout, error) {
 			b := &s.Blocks[j]
 			b.Addr = at
 			b.Size = d.uvarint()
-			if len(d.buf) == 0 {
+			st, ok := d.byte1()
+			if !ok {
 				return nil, errors.New("corrupt layout checkpoint")
 			}
-			b.State = gpu.BlockState(d.buf[0])
-			d.buf = d.buf[1:]
+			b.State = gpu.BlockState(st)
 			b.Requested = b.Size - uint64(d.varint())
 			b.Stack = gpu.StackID(d.uvarint())
 			b.Seq = d.varint()
@@ -304,7 +320,7 @@ func appendAllocRec(buf []byte, prev *allocRec, r *allocRec) []byte {
 }
 
 func (d *decoder) allocRec(prev *allocRec) (allocRec, bool) {
-	if len(d.buf) == 0 || d.err != nil {
+	if !d.more() || d.err != nil {
 		return allocRec{}, false
 	}
 	var r allocRec

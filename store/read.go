@@ -13,7 +13,8 @@ import (
 )
 
 const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
-	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us, upload`
+	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us,
+	upload, has_time, peak_seq, peak_us`
 
 type scanner interface{ Scan(...any) error }
 
@@ -21,11 +22,14 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 	var t gpu.Trace
 	var tid, capacity, pr, pa, pc, created int64
 	var rules, source, status string
+	var hasTime bool
 	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
-		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created, &t.Upload)
+		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created,
+		&t.Upload, &hasTime, &t.PeakSeq, &t.PeakUS)
 	if err != nil {
 		return 0, t, err
 	}
+	t.NoTime = !hasTime
 	t.Source, t.Status = gpu.TraceSource(source), gpu.TraceStatus(status)
 	t.Capacity, t.PeakReserved, t.PeakAllocated, t.PeakActive = uint64(capacity), uint64(pr), uint64(pa), uint64(pc)
 	t.Created = time.UnixMicro(created).UTC()
@@ -37,20 +41,7 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 
 // Traces lists every trace, newest first.
 func (db *DB) Traces() ([]gpu.Trace, error) {
-	rows, err := db.r.Query("SELECT " + traceCols + " FROM traces ORDER BY created_us DESC, tid DESC")
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	var out []gpu.Trace
-	for rows.Next() {
-		_, t, err := scanTrace(rows)
-		if err != nil {
-			return nil, err
-		}
-		out = append(out, t)
-	}
-	return out, rows.Err()
+	return db.queryTraces("ORDER BY created_us DESC, tid DESC")
 }
 
 // UploadTraces lists the traces of one upload (the devices of a snapshot),
@@ -59,7 +50,12 @@ func (db *DB) UploadTraces(upload string) ([]gpu.Trace, error) {
 	if upload == "" {
 		return nil, nil
 	}
-	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces WHERE upload = ? ORDER BY device_ordinal, tid", upload)
+	return db.queryTraces("WHERE upload = ? ORDER BY device_ordinal, tid", upload)
+}
+
+// queryTraces lists the traces a WHERE / ORDER BY clause selects.
+func (db *DB) queryTraces(clause string, args ...any) ([]gpu.Trace, error) {
+	rows, err := db.r.Query("SELECT "+traceCols+" FROM traces "+clause, args...)
 	if err != nil {
 		return nil, err
 	}
@@ -262,6 +258,12 @@ func (r *reader) checkpoint(seq int64) (*gpu.Layout, error) {
 
 // events calls fn for the events with from <= seq < to, in order.
 func (r *reader) events(from, to int64, fn func(e *gpu.Event) bool) error {
+	return r.eventsWithEnds(from, to, func(e *gpu.Event, _ bool) bool { return fn(e) })
+}
+
+// eventsWithEnds is events, also telling fn whether a free_completed ends
+// its allocation (see extEnds).
+func (r *reader) eventsWithEnds(from, to int64, fn func(e *gpu.Event, ends bool) bool) error {
 	start := from
 	var first sql.NullInt64
 	if err := r.tx.QueryRow("SELECT max(first_seq) FROM chunks WHERE tid = ? AND first_seq <= ?", r.tid, from).Scan(&first); err != nil {
@@ -281,13 +283,13 @@ func (r *reader) events(from, to int64, fn func(e *gpu.Event) bool) error {
 			return err
 		}
 		more := true
-		err = c.walk(func(e *gpu.Event, _ bool, _ gpu.Totals, _ allocCounts) bool {
+		err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
 			if e.Seq >= to {
 				more = false
 				return false
 			}
 			if e.Seq >= from {
-				more = fn(e)
+				more = fn(e, ends)
 			}
 			return more
 		})
@@ -374,6 +376,41 @@ func (db *DB) Stack(id string, sid gpu.StackID) (gpu.Stack, error) {
 	}
 	var s gpu.Stack
 	return s, json.Unmarshal([]byte(frames), &s)
+}
+
+// StacksOf returns the stacks of sids that trace id has (unknown ids and 0
+// are left out).
+func (db *DB) StacksOf(id string, sids []gpu.StackID) (map[gpu.StackID]gpu.Stack, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	st, err := r.tx.Prepare("SELECT frames FROM stacks WHERE tid = ? AND sid = ?")
+	if err != nil {
+		return nil, err
+	}
+	defer st.Close()
+	out := make(map[gpu.StackID]gpu.Stack, len(sids))
+	for _, sid := range sids {
+		if _, done := out[sid]; done || sid == 0 {
+			continue
+		}
+		var frames string
+		err := st.QueryRow(r.tid, int64(sid)).Scan(&frames)
+		if errors.Is(err, sql.ErrNoRows) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var s gpu.Stack
+		if err := json.Unmarshal([]byte(frames), &s); err != nil {
+			return nil, err
+		}
+		out[sid] = s
+	}
+	return out, nil
 }
 
 // LayoutAtSeq returns the layout after every event with Seq <= seq, and the
@@ -733,20 +770,24 @@ func (r *reader) binScan(s, d int, t0, t1 int64, fn func(a *allocRec)) error {
 		if maxFree <= t0 {
 			break // rows are in free order: every earlier one ended by t0
 		}
-		dec := &decoder{buf: data}
-		prev := allocRec{freeUS: minFree}
-		for {
-			a, ok := dec.allocRec(&prev)
-			if !ok {
-				break
-			}
-			fn(&a)
-		}
-		if dec.err != nil {
-			return fmt.Errorf("trace %s: allocation bin (%d, %d): %w", r.trace.ID, s, d, dec.err)
+		if err := eachAllocRec(minFree, data, fn); err != nil {
+			return fmt.Errorf("trace %s: allocation bin (%d, %d): %w", r.trace.ID, s, d, err)
 		}
 	}
 	return rows.Err()
+}
+
+// eachAllocRec calls fn for the records of one alloc_bins row.
+func eachAllocRec(minFree int64, data []byte, fn func(a *allocRec)) error {
+	dec := &decoder{buf: data}
+	prev := allocRec{freeUS: minFree}
+	for {
+		a, ok := dec.allocRec(&prev)
+		if !ok {
+			return dec.err
+		}
+		fn(&a)
+	}
 }
 
 func (r *reader) openAllocs() ([]allocRec, error) {

@@ -100,14 +100,17 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 	defer r.close()
 	t := r.trace
 
-	l, _, err := r.layoutAtSeq(t.LastSeq)
+	// The statistics and the layout after the last event, counted together.
+	stats, _, err := r.statsAtSeq(t.LastSeq)
 	if err != nil {
 		return nil, 0, err
 	}
-	w := newWriter(db, l)
+	w := newWriter(db, stats.Layout())
+	w.stats = stats
 	w.id, w.tid = t.ID, r.tid
 	w.n, w.first, w.firstUS, w.lastSeq, w.lastUS = t.Events, t.FirstSeq, t.FirstUS, t.LastSeq, t.LastUS
 	w.peak = gpu.Totals{Reserved: t.PeakReserved, Allocated: t.PeakAllocated, Active: t.PeakActive}
+	w.peakSeq, w.peakUS = t.PeakSeq, t.PeakUS
 	w.ooms = t.OOMs
 	if t.Events > 0 {
 		w.pyr.resumed, w.pyr.priorUS = true, t.LastUS

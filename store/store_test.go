@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 )
 
 func openTemp(t testing.TB) (*DB, string) {
@@ -204,7 +205,11 @@ func TestRoundTrip(t *testing.T) {
 	_, after := ref.totals()
 	var peak gpu.Totals
 	var ooms int64
+	peakAt := -1 // the first event at the peak of allocated bytes
 	for i, v := range after {
+		if peakAt < 0 || v.Allocated > peak.Allocated {
+			peakAt = i
+		}
 		peak = maxTotals(peak, v)
 		if evs[i].Action == gpu.ActionOOM {
 			ooms++
@@ -212,7 +217,7 @@ func TestRoundTrip(t *testing.T) {
 	}
 	want := gpu.Trace{ID: w.ID(), TraceMeta: testMeta, Status: gpu.StatusComplete, Events: int64(len(evs)), FirstSeq: 0, LastSeq: evs[len(evs)-1].Seq,
 		FirstUS: evs[0].TimeUS, LastUS: evs[len(evs)-1].TimeUS, PeakReserved: peak.Reserved, PeakAllocated: peak.Allocated,
-		PeakActive: peak.Active, OOMs: ooms, Created: tr.Created, Rules: gpu.DefaultRules()}
+		PeakActive: peak.Active, OOMs: ooms, PeakSeq: evs[peakAt].Seq, PeakUS: evs[peakAt].TimeUS, Created: tr.Created, Rules: gpu.DefaultRules()}
 	if !reflect.DeepEqual(tr, want) {
 		t.Fatalf("trace\n%+v\nwant\n%+v", tr, want)
 	}
@@ -562,6 +567,90 @@ func TestTraceIDsNeverStartWithADash(t *testing.T) {
 	for range 2000 {
 		if id := newTraceID(); id[0] == '-' || id[0] == '_' {
 			t.Fatalf("new id %q", id)
+		}
+	}
+}
+
+// memory_summary()'s statistics at any event come from the latest
+// checkpoint and the events after it; they equal a count from the start,
+// also for a trace whose checkpoints hold no statistics (stored before
+// they did).
+func TestStatsAtUseCheckpoints(t *testing.T) {
+	db, _ := openTemp(t)
+	initial, g := initialLayout()
+	evs := g.events(3*checkpointEvery + 500)
+	w := writeTrace(t, db, initial, evs, 0)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	want := func(seq int64) map[string]int64 {
+		c := caching.NewStatCounter(initial.Clone(), initial.Rules)
+		for _, e := range evs {
+			if e.Seq > seq {
+				break
+			}
+			c.Apply(e)
+		}
+		return c.Stats().Flat()
+	}
+	check := func(what string) {
+		for _, seq := range []int64{-1, 0, checkpointEvery - 2, checkpointEvery - 1, checkpointEvery, 2*checkpointEvery + 77, int64(len(evs) - 1)} {
+			st, last, err := db.StatsAtSeq(w.ID(), seq)
+			if err != nil || last != seq {
+				t.Fatalf("%s: seq %d: last %d, %v", what, seq, last, err)
+			}
+			if got, w := st.Flat(), want(seq); !reflect.DeepEqual(got, w) {
+				t.Fatalf("%s: seq %d: statistics differ\n%v\n%v", what, seq, got, w)
+			}
+		}
+		st, last, err := db.StatsAt(w.ID(), evs[100].TimeUS)
+		if err != nil || !reflect.DeepEqual(st.Flat(), want(last)) || evs[last].TimeUS != evs[100].TimeUS {
+			t.Fatalf("%s: at time %d: seq %d, %v", what, evs[100].TimeUS, last, err)
+		}
+	}
+	check("checkpointed")
+	if _, err := db.w.Exec("UPDATE checkpoints SET stats = NULL"); err != nil {
+		t.Fatal(err)
+	}
+	check("counted from the start")
+}
+
+// Search finds exactly the allocations whose stack names the text or whose
+// range holds the address, first by seq.
+func TestSearchFindsEveryMatch(t *testing.T) {
+	db, _ := openTemp(t)
+	g := newGen(5, 300)
+	g.stacks = 20
+	evs := g.events(20000)
+	w := writeTrace(t, db, nil, evs, 20)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	all := (&reference{gpu.NewLayout(gpu.DefaultRules()), evs}).allocations()
+	sort.Slice(all, func(i, j int) bool { return all[i].Seq < all[j].Seq })
+	for _, c := range []struct {
+		q    string
+		want func(a gpu.Allocation) bool
+	}{
+		{"F7", func(a gpu.Allocation) bool { return a.Stack == 7 }}, // f7 only: there is no f70
+		{"MODEL.PY", func(a gpu.Allocation) bool { return a.Stack != 0 }},
+		{fmt.Sprintf("%#x", all[100].Addr+1), func(a gpu.Allocation) bool { return a.Addr <= all[100].Addr+1 && all[100].Addr+1 < a.Addr+a.Size }},
+	} {
+		res, err := db.Search(w.ID(), c.q, 50)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var want []gpu.Allocation
+		for _, a := range all {
+			if c.want(a) {
+				want = append(want, a)
+			}
+		}
+		if res.Total != int64(len(want)) || len(want) == 0 {
+			t.Fatalf("%q: total %d, want %d", c.q, res.Total, len(want))
+		}
+		if !reflect.DeepEqual(res.Matches, want[:min(50, len(want))]) {
+			t.Fatalf("%q: matches differ\n%v\n%v", c.q, res.Matches[:2], want[:2])
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 )
 
 const (
@@ -103,8 +104,9 @@ func (b *bin) row(copyData bool) binRow {
 type binKey struct{ s, d int }
 
 type checkpointRow struct {
-	seq  int64
-	data []byte
+	seq   int64
+	data  []byte
+	stats []byte // the allocator statistics after seq
 }
 
 type stackRow struct {
@@ -146,7 +148,10 @@ type Writer struct {
 	lastSeq int64
 	lastUS  int64
 	peak    gpu.Totals
+	peakSeq int64 // the first event at the peak of allocated bytes
+	peakUS  int64
 	ooms    int64
+	stats   *caching.StatCounter // shares layout
 	chunk   chunkBuilder
 	pyr     pyramid
 	open    map[uint64]allocRec
@@ -191,6 +196,7 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	}
 	w := newWriter(db, initial.Clone())
 	w.id = newTraceID()
+	w.stats = caching.NewStatCounter(w.layout, initial.Rules)
 	f := w.layout.Figures()
 	w.tot = gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}
 	w.peak = w.tot
@@ -204,7 +210,7 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 			}
 		}
 	}
-	ck := appendLayout(nil, w.layout)
+	ck := w.checkpoint(initialSeq)
 	openBlob := w.openBlob()
 	err = db.write(func(tx *sql.Tx) error {
 		if err := uploadExists(tx, meta.Upload); err != nil {
@@ -212,16 +218,17 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 		}
 		w.upload = meta.Upload
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
-			peak_reserved, peak_allocated, peak_active, upload) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+			peak_reserved, peak_allocated, peak_active, upload, has_time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active), meta.Upload)
+			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active),
+			meta.Upload, !meta.NoTime)
 		if err != nil {
 			return err
 		}
 		if w.tid, err = res.LastInsertId(); err != nil {
 			return err
 		}
-		if _, err := tx.Exec("INSERT INTO checkpoints (tid, seq, data) VALUES (?,?,?)", w.tid, int64(initialSeq), ck); err != nil {
+		if _, err := tx.Exec("INSERT INTO checkpoints (tid, seq, data, stats) VALUES (?,?,?,?)", w.tid, ck.seq, ck.data, ck.stats); err != nil {
 			return err
 		}
 		_, err = tx.Exec("INSERT INTO alloc_open (tid, data) VALUES (?,?)", w.tid, openBlob)
@@ -235,8 +242,14 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 }
 
 func newWriter(db *DB, l *gpu.Layout) *Writer {
-	return &Writer{db: db, layout: l, first: -1, lastSeq: -1,
+	return &Writer{db: db, layout: l, first: -1, lastSeq: -1, peakSeq: -1,
 		open: map[uint64]allocRec{}, bins: map[binKey]*bin{}}
+}
+
+// checkpoint is the layout and the statistics after event seq.
+func (w *Writer) checkpoint(seq int64) checkpointRow {
+	st, _ := w.stats.Stats().AppendBinary(nil)
+	return checkpointRow{seq, appendLayout(nil, w.layout), st}
 }
 
 func (w *Writer) register() {
@@ -331,7 +344,7 @@ func (w *Writer) add(e gpu.Event) error {
 			ends = e.Action == gpu.ActionFreeCompleted && b.State == gpu.BlockAllocated
 		}
 	}
-	if err := w.layout.Apply(e); err != nil {
+	if err := w.stats.Step(e, w.layout.Apply); err != nil {
 		return err
 	}
 	if e.Action == gpu.ActionAlloc {
@@ -344,6 +357,9 @@ func (w *Writer) add(e gpu.Event) error {
 		e.BlockSize = blockSize
 	}
 	w.tot.Apply(&e, ends)
+	if w.tot.Allocated > w.peak.Allocated || w.peakSeq < 0 && w.tot.Allocated == w.peak.Allocated {
+		w.peakSeq, w.peakUS = e.Seq, e.TimeUS
+	}
 	w.peak = gpu.Totals{Reserved: max(w.peak.Reserved, w.tot.Reserved), Allocated: max(w.peak.Allocated, w.tot.Allocated), Active: max(w.peak.Active, w.tot.Active)}
 	if e.Action == gpu.ActionOOM {
 		w.ooms++
@@ -381,7 +397,7 @@ func (w *Writer) add(e gpu.Event) error {
 	w.n++
 	w.lastSeq, w.lastUS = e.Seq, e.TimeUS
 	if w.n%checkpointEvery == 0 {
-		w.pend.checkpoints = append(w.pend.checkpoints, checkpointRow{e.Seq, appendLayout(nil, w.layout)})
+		w.pend.checkpoints = append(w.pend.checkpoints, w.checkpoint(e.Seq))
 	}
 	return nil
 }
@@ -440,6 +456,7 @@ type batch struct {
 type traceCounters struct {
 	events, first, last, firstUS, lastUS int64
 	peak                                 gpu.Totals
+	peakSeq, peakUS                      int64
 	ooms                                 int64
 }
 
@@ -461,7 +478,7 @@ func (w *Writer) take() *batch {
 	w.dirty = w.dirty[:0]
 	b.levels = append(b.levels, w.pyr.take()...)
 	b.openBlob = w.openBlob()
-	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.ooms}
+	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
 	return b
 }
 
@@ -644,7 +661,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 		}
 	}
 	for _, c := range b.checkpoints {
-		if _, err := tx.Exec("INSERT OR REPLACE INTO checkpoints (tid, seq, data) VALUES (?,?,?)", tid, c.seq, c.data); err != nil {
+		if _, err := tx.Exec("INSERT OR REPLACE INTO checkpoints (tid, seq, data, stats) VALUES (?,?,?,?)", tid, c.seq, c.data, c.stats); err != nil {
 			return err
 		}
 	}
@@ -670,8 +687,9 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	}
 	t := &b.trace
 	q := `UPDATE traces SET event_count = ?, first_seq = ?, last_seq = ?, first_us = ?, last_us = ?,
-		peak_reserved = ?, peak_allocated = ?, peak_active = ?, oom_count = ?`
-	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.Reserved), int64(t.peak.Allocated), int64(t.peak.Active), t.ooms}
+		peak_reserved = ?, peak_allocated = ?, peak_active = ?, peak_seq = ?, peak_us = ?, oom_count = ?`
+	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.Reserved), int64(t.peak.Allocated), int64(t.peak.Active),
+		t.peakSeq, t.peakUS, t.ooms}
 	if b.status != "" {
 		q += ", status = ?"
 		args = append(args, string(b.status))

@@ -33,3 +33,10 @@ func Duration(us int64) string {
 func itoa(n int) string   { return strconv.Itoa(n) }
 func i64(n int64) string  { return strconv.FormatInt(n, 10) }
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }
+
+func boolAttr(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
+}

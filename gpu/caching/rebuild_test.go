@@ -39,3 +39,34 @@ func TestStatCounterMatchesAllocator(t *testing.T) {
 		}
 	}
 }
+
+// Statistics survive their binary form, and counting resumed from a
+// checkpoint of them ends where counting straight through does.
+func TestStatCheckpointResumes(t *testing.T) {
+	h := runRandom(t, "max_split_size_mb:64", 7, 1500)
+	rules := h.a.Config().Rules
+	whole := NewStatCounter(gpu.NewLayout(rules), rules)
+	half := len(h.rec.events) / 2
+	for _, e := range h.rec.events[:half] {
+		whole.Apply(e)
+	}
+	b, err := whole.Stats().AppendBinary(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st Stats
+	if err := st.UnmarshalBinary(b); err != nil || st != *whole.Stats() {
+		t.Fatalf("round trip: %v\n%+v\n%+v", err, st, *whole.Stats())
+	}
+	if err := st.UnmarshalBinary(b[:len(b)-1]); err == nil {
+		t.Fatal("a cut checkpoint decoded")
+	}
+	resumed := ResumeStatCounter(whole.l.Clone(), rules, st)
+	for _, e := range h.rec.events[half:] {
+		whole.Apply(e)
+		resumed.Apply(e)
+	}
+	if *resumed.Stats() != *whole.Stats() {
+		t.Fatalf("resumed %+v\nstraight %+v", *resumed.Stats(), *whole.Stats())
+	}
+}

@@ -1,0 +1,223 @@
+package server
+
+import (
+	"encoding/json"
+	"net/http"
+	"strings"
+
+	"github.com/go-chi/chi/v5"
+
+	"vramscope/gpu"
+)
+
+// What the trace view asks beyond the timeline and the map: a trace with
+// the other devices of its upload, the snapshot's extras, stacks sorted for
+// people, and search.
+
+// deviceJSON is one device of an upload that holds data.
+type deviceJSON struct {
+	Device int    `json:"device"`
+	ID     string `json:"id"`
+	OOMs   int64  `json:"oom_count"`
+}
+
+type traceJSON struct {
+	gpu.Trace
+	Devices []deviceJSON `json:"devices"`
+}
+
+// devices lists the devices of t's upload (t alone when it has none).
+func (s *Server) devices(t gpu.Trace) ([]deviceJSON, error) {
+	ts, err := s.opt.DB.UploadTraces(t.Upload)
+	if err != nil {
+		return nil, err
+	}
+	if len(ts) == 0 {
+		ts = []gpu.Trace{t}
+	}
+	out := make([]deviceJSON, len(ts))
+	for i, x := range ts {
+		out[i] = deviceJSON{x.DeviceOrdinal, x.ID, x.OOMs}
+	}
+	return out, nil
+}
+
+func (s *Server) apiTrace(w http.ResponseWriter, r *http.Request) {
+	t, err := s.opt.DB.Trace(chi.URLParam(r, "id"))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	devs, err := s.devices(t)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, traceJSON{t, devs})
+}
+
+// apiExtras is what the snapshot recorded beside its events: allocator
+// settings (as written), this device's annotations, and the first events
+// with user_metadata.
+func (s *Server) apiExtras(w http.ResponseWriter, r *http.Request) {
+	id := chi.URLParam(r, "id")
+	t, err := s.opt.DB.Trace(id)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	settings := json.RawMessage("null")
+	if t.Upload != "" {
+		u, err := s.opt.DB.Upload(t.Upload)
+		if err != nil {
+			s.storeError(w, r, err)
+			return
+		}
+		if u.Settings != "" {
+			settings = json.RawMessage(u.Settings)
+		}
+	}
+	anns, err := s.opt.DB.Annotations(id)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	md, total, err := s.userMetadata(t, 0, t.LastSeq+1, 1000)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	if anns == nil {
+		anns = []gpu.Annotation{}
+	}
+	writeJSON(w, http.StatusOK, struct {
+		Conf        string           `json:"conf"`
+		Settings    json.RawMessage  `json:"settings"`
+		Annotations []gpu.Annotation `json:"annotations"`
+		Metadata    []metadataJSON   `json:"user_metadata"`
+		MetaTotal   int64            `json:"user_metadata_total"`
+	}{t.Settings, settings, anns, md, total})
+}
+
+// metadataJSON is one event's user_metadata.
+type metadataJSON struct {
+	Seq  int64  `json:"seq"`
+	Text string `json:"user_metadata"`
+}
+
+// userMetadata lists the first limit events of t with from <= seq < to
+// that carry user_metadata, and how many there are in that range.
+func (s *Server) userMetadata(t gpu.Trace, from, to int64, limit int) ([]metadataJSON, int64, error) {
+	extras, runs, err := s.opt.DB.EventExtras(t.ID)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := []metadataJSON{}
+	var total int64
+	for i, run := range runs {
+		end := t.LastSeq + 1
+		if i+1 < len(runs) {
+			end = runs[i+1].Seq
+		}
+		if run.Extra == 0 || extras[run.Extra-1].UserMetadata == "" {
+			continue
+		}
+		lo, hi := max(run.Seq, from), min(end, to)
+		if lo >= hi {
+			continue
+		}
+		total += hi - lo
+		for seq := lo; seq < hi && len(out) < limit; seq++ {
+			out = append(out, metadataJSON{seq, extras[run.Extra-1].UserMetadata})
+		}
+	}
+	return out, total, nil
+}
+
+// frameJSON is a frame with its kind (gpu.KindOf).
+type frameJSON struct {
+	gpu.Frame
+	Kind gpu.FrameKind `json:"kind"`
+}
+
+// stackJSON is a stack for people: its frames with their kinds, and the
+// label of its first user frame.
+type stackJSON struct {
+	Frames []frameJSON `json:"frames"`
+	Label  string      `json:"label"`
+}
+
+func toStackJSON(st gpu.Stack) stackJSON {
+	out := stackJSON{Frames: make([]frameJSON, len(st)), Label: gpu.StackLabel(st)}
+	for i, f := range st {
+		out.Frames[i] = frameJSON{f, gpu.KindOf(f)}
+	}
+	return out
+}
+
+// labels maps the stack ids of an answer to their labels.
+func (s *Server) labels(id string, sids []gpu.StackID) (map[gpu.StackID]string, error) {
+	sts, err := s.opt.DB.StacksOf(id, sids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[gpu.StackID]string, len(sts))
+	for sid, st := range sts {
+		out[sid] = gpu.StackLabel(st)
+	}
+	return out, nil
+}
+
+// maxMatches caps a search answer; the total still counts every match.
+const maxMatches = 2000
+
+// matchJSON is an allocation a search found, with its stack's label.
+type matchJSON struct {
+	gpu.Allocation
+	Label string `json:"label,omitempty"`
+}
+
+// apiSearch finds allocations by a frame's function or file name, or by an
+// address inside them: q is the text, limit caps the matches listed.
+func (s *Server) apiSearch(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	q := r.URL.Query().Get("q")
+	if strings.TrimSpace(q) == "" {
+		p.fail("q", "missing: the text to search the stacks for, or a hex address")
+	} else if len(q) > 200 {
+		p.fail("q", "longer than 200 bytes")
+	}
+	limit := p.intIn("limit", 500, 1, maxMatches)
+	if !p.check(w) {
+		return
+	}
+	id := chi.URLParam(r, "id")
+	res, err := s.opt.DB.Search(id, q, int(limit))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	sids := make([]gpu.StackID, len(res.Matches))
+	for i, m := range res.Matches {
+		sids[i] = m.Stack
+	}
+	labels, err := s.labels(id, sids)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out := struct {
+		Query   string        `json:"q"`
+		Total   int64         `json:"total"`
+		Matches []matchJSON   `json:"matches"`
+		Stacks  []gpu.StackID `json:"stacks"`
+		Address *uint64       `json:"address,omitempty"`
+	}{q, res.Total, make([]matchJSON, len(res.Matches)), res.Stacks, res.Address}
+	for i, m := range res.Matches {
+		out.Matches[i] = matchJSON{m, labels[m.Stack]}
+	}
+	if out.Stacks == nil {
+		out.Stacks = []gpu.StackID{}
+	}
+	writeJSON(w, http.StatusOK, out)
+}

@@ -1,0 +1,201 @@
+package store
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"testing"
+
+	"vramscope/gpu"
+)
+
+// stackAt is the reference stack at an instant: the allocations live after
+// every event with TimeUS <= x, in stacking order, with their offsets.
+type stacked struct {
+	seq             int64
+	addr, off, size uint64
+}
+
+func (s stacked) key() bandKey { return keyOf(&liveEntry{seq: s.seq, addr: s.addr}) }
+
+func bruteStacks(ref *reference, xs []int64) [][]stacked {
+	l := ref.initial.Clone()
+	out := make([][]stacked, len(xs))
+	i := 0
+	take := func() {
+		var st []stacked
+		for _, s := range l.Segments {
+			for _, b := range s.Blocks {
+				if b.State == gpu.BlockAllocated {
+					st = append(st, stacked{seq: b.Seq, addr: b.Addr, size: b.Size})
+				}
+			}
+		}
+		sort.Slice(st, func(a, b int) bool {
+			if st[a].seq != st[b].seq {
+				return st[a].seq < st[b].seq
+			}
+			return st[a].addr < st[b].addr
+		})
+		var off uint64
+		for k := range st {
+			st[k].off = off
+			off += st[k].size
+		}
+		out[i] = st
+	}
+	for _, e := range ref.evs {
+		for i < len(xs) && e.TimeUS > xs[i] {
+			take()
+			i++
+		}
+		if err := l.Apply(e); err != nil {
+			panic(err)
+		}
+	}
+	for ; i < len(xs); i++ {
+		take()
+	}
+	return out
+}
+
+// offsetAt is band b's offset in column c, or false when it is not there.
+func offsetAt(b *Band, c int) (uint64, bool) {
+	if c < b.C0 || c > b.C1 {
+		return 0, false
+	}
+	off := b.Runs[1]
+	for r := 0; r < len(b.Runs) && b.Runs[r] <= int64(c); r += 2 {
+		off = b.Runs[r+1]
+	}
+	return uint64(off), true
+}
+
+func TestBandsAreTheExactStack(t *testing.T) {
+	db, _ := openTemp(t)
+	initial, g := initialLayout()
+	evs := g.events(30000)
+	w := writeTrace(t, db, initial, evs, 0)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	ref := &reference{initial, evs}
+	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
+	rng := rand.New(rand.NewPCG(4, 4))
+	for trial := range 12 {
+		q := BandsQuery{T0: first - 5, T1: last + 5, W: 80, H: 200}
+		if trial > 0 {
+			span := max(2, int64(float64(last-first)*math.Pow(10, -3*rng.Float64())))
+			q.T0 = first + rng.Int64N(last-first-span+2)
+			q.T1 = q.T0 + span
+			q.W = 20 + rng.IntN(100)
+		}
+		if trial%3 == 2 { // a narrow memory range: small allocations become bands
+			q.M0 = uint64(rng.Int64N(400 << 20))
+			q.M1 = q.M0 + 1<<20 + uint64(rng.Int64N(64<<20))
+		}
+		b, err := db.Bands(w.ID(), q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Sampled != "columns" || b.Samples != q.W || len(b.Allocated) != q.W {
+			t.Fatalf("%+v: sampled %q %d times, %d columns", q, b.Sampled, b.Samples, len(b.Allocated))
+		}
+		dt := float64(q.T1-q.T0) / float64(q.W)
+		xs := make([]int64, q.W)
+		for c := range xs {
+			xs[c] = int64(math.Floor(float64(q.T0) + float64(c)*dt))
+		}
+		want := bruteStacks(ref, xs)
+		quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
+		byKey := map[bandKey]*Band{}
+		for i := range b.Bands {
+			byKey[keyOf(&liveEntry{seq: b.Bands[i].Seq, addr: b.Bands[i].Addr})] = &b.Bands[i]
+		}
+		shown := 0
+		for c, st := range want {
+			present := map[bandKey]bool{}
+			for _, s := range st {
+				present[s.key()] = true
+				band := byKey[s.key()]
+				inRange := s.size >= b.MinBytes && s.off < b.M1 && s.off+s.size > b.M0
+				off, there := uint64(0), false
+				if band != nil {
+					off, there = offsetAt(band, c)
+				}
+				if inRange && !there {
+					t.Fatalf("%+v column %d: allocation %v (%d bytes at %d) is in range but not a band", q, c, s.key(), s.size, s.off)
+				}
+				if there {
+					shown++
+					if absDiff(off, s.off) >= quantum || band.Size != s.size {
+						t.Fatalf("%+v column %d: band %v at %d (%d bytes), want %d (%d bytes)", q, c, s.key(), off, band.Size, s.off, s.size)
+					}
+				}
+			}
+			for k, band := range byKey {
+				if _, there := offsetAt(band, c); there && !present[k] {
+					t.Fatalf("%+v column %d: band %v is not live there", q, c, k)
+				}
+			}
+		}
+		t.Logf("%+v: %d bands, %d band-columns, min %d bytes", q, len(b.Bands), shown, b.MinBytes)
+	}
+}
+
+func TestBandsOfADenseWindowUseCheckpoints(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 300k events")
+	}
+	db, _ := openTemp(t)
+	evs := newGen(11, 400).events(maxSweep + 50_000)
+	w := writeTrace(t, db, nil, evs, 0)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	q := BandsQuery{T0: evs[0].TimeUS, T1: evs[len(evs)-1].TimeUS, W: 300, H: 300}
+	b, err := db.Bands(w.ID(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Sampled != "checkpoints" || b.Samples < 2 || len(b.Bands) == 0 {
+		t.Fatalf("sampled %q %d times, %d bands", b.Sampled, b.Samples, len(b.Bands))
+	}
+	// No two bands overlap in any column, and none rises above the
+	// allocated envelope.
+	quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
+	for c := range q.W {
+		type span struct{ lo, hi uint64 }
+		var spans []span
+		for i := range b.Bands {
+			if off, ok := offsetAt(&b.Bands[i], c); ok {
+				spans = append(spans, span{off, off + b.Bands[i].Size})
+			}
+		}
+		sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
+		for i := 1; i < len(spans); i++ {
+			if spans[i].lo+2*quantum < spans[i-1].hi {
+				t.Fatalf("column %d: bands overlap: %v", c, spans[i-1:i+1])
+			}
+		}
+		if n := len(spans); n > 0 && spans[n-1].hi > b.Allocated[c]+quantum {
+			t.Fatalf("column %d: bands reach %d, above the allocated %d", c, spans[n-1].hi, b.Allocated[c])
+		}
+	}
+}
+
+func TestBandsRefuseBadQueries(t *testing.T) {
+	db, _ := openTemp(t)
+	w := writeTrace(t, db, nil, newGen(1, 10).events(100), 0)
+	w.Close(gpu.StatusComplete)
+	for _, q := range []BandsQuery{{T0: 5, T1: 5, W: 1, H: 1}, {T0: 0, T1: 5, W: 0, H: 1}, {T0: 0, T1: 5, W: 1, H: 1, M0: 9, M1: 9}} {
+		if _, err := db.Bands(w.ID(), q); err == nil {
+			t.Errorf("%+v: no error", q)
+		}
+	}
+	if _, err := db.Bands("nope", BandsQuery{T0: 0, T1: 5, W: 1, H: 1}); err == nil {
+		t.Error("unknown trace: no error")
+	}
+	_ = fmt.Sprint()
+}
