@@ -11,11 +11,17 @@ import (
 // one, last to first, then applies them forward from it to learn each
 // event's block size. An event that does not fit is recorded in
 // Mismatches and left out of Events, so what is stored replays cleanly;
-// the rest carry on.
-func (t *Trace) deriveInitial() {
+// the rest carry on. It stops with canceled's error when that has one
+// (looked at every checkEvery events).
+func (t *Trace) deriveInitial(canceled func() error) error {
 	l := t.Final.Clone()
 	undone := make(map[int64]bool)
 	for i := len(t.Events) - 1; i >= 0; i-- {
+		if i%checkEvery == 0 {
+			if err := canceled(); err != nil {
+				return err
+			}
+		}
 		if err := l.Undo(t.Events[i]); err != nil {
 			t.mismatch(t.Events[i], "undo", err)
 			undone[t.Events[i].Seq] = true
@@ -24,6 +30,11 @@ func (t *Trace) deriveInitial() {
 	t.Initial = l.Clone()
 	dropped := map[int]bool{}
 	for i := range t.Events {
+		if i%checkEvery == 0 {
+			if err := canceled(); err != nil {
+				return err
+			}
+		}
 		e := &t.Events[i]
 		if e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted {
 			if b := l.BlockAt(e.Addr); b != nil && b.Addr == e.Addr {
@@ -46,6 +57,7 @@ func (t *Trace) deriveInitial() {
 	}
 	t.adoptSeqs(l)
 	t.drop(dropped)
+	return nil
 }
 
 // drop removes the events at the given indexes (they keep their Seq, so
