@@ -183,7 +183,7 @@ func initialLayout(snap json.RawMessage, meta *gpu.TraceMeta) (*gpu.Layout, []gp
 	if len(bytes.TrimSpace(snap)) == 0 || string(bytes.TrimSpace(snap)) == "null" {
 		return nil, nil, nil
 	}
-	traces, err := pytorch.Decode(bytes.NewReader(snap))
+	traces, err := pytorch.DecodeWith(bytes.NewReader(snap), pytorch.Options{MaxBytes: int64(len(snap))})
 	if err != nil {
 		return nil, nil, fmt.Errorf("hello: snapshot: %w", err)
 	}
@@ -248,6 +248,21 @@ func (s *ingestConn) read() (end bool, status gpu.TraceStatus, perr error) {
 		if err := s.store(); err != nil {
 			return false, "", err
 		}
+		s.release()
+	}
+}
+
+// keptEvents: buffers grown past this many events by a big message are
+// let go after it, not held for the connection's life.
+const keptEvents = 1 << 14
+
+// release lets go of buffers a big message grew.
+func (s *ingestConn) release() {
+	if cap(s.events) > keptEvents {
+		s.events, s.own = nil, nil
+	}
+	if cap(s.defs) > keptEvents {
+		s.defs = nil
 	}
 }
 

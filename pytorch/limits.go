@@ -69,6 +69,11 @@ func (l *limitReader) Read(p []byte) (int, error) {
 	}
 	if l.max > 0 {
 		if l.read >= l.max {
+			// At the cap: fine if the input ends there.
+			var one [1]byte
+			if n, err := io.ReadFull(l.r, one[:]); n == 0 && err == io.EOF {
+				return 0, io.EOF
+			}
 			return 0, &LimitError{Offset: l.read, Msg: fmt.Sprintf("the snapshot is larger than %d bytes once decompressed, the most this server takes", l.max)}
 		}
 		p = p[:min(int64(len(p)), l.max-l.read)]
