@@ -65,13 +65,14 @@ func freeSpace(path string) (uint64, error) {
 }
 
 // takeReserve writes the reserve file if it is missing and the disk has
-// clearly room for it.
+// room for it. It comes before anything else: without it, a full disk
+// could hold a database that cannot even be opened.
 func (db *DB) takeReserve() {
 	p := db.reservePath()
 	if st, err := os.Stat(p); err == nil && st.Size() >= reserveSize {
 		return
 	}
-	if free, err := freeSpace(db.path); err != nil || free < 4*reserveSize {
+	if free, err := freeSpace(db.path); err != nil || free < reserveSize+1<<20 {
 		return
 	}
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -167,6 +168,16 @@ func (db *DB) remove(tid int64) error {
 	return nil
 }
 
+// shrinkLog checkpoints the write-ahead log and truncates it: the file
+// keeps its largest size otherwise, and a transaction that failed on a
+// full disk made it as large as the disk allowed.
+func (db *DB) shrinkLog() error {
+	return db.direct(func(c *sql.DB) error {
+		_, err := c.Exec("PRAGMA wal_checkpoint(TRUNCATE)")
+		return err
+	})
+}
+
 // withoutRowid names the primary key of the tables that have no rowid.
 var withoutRowid = map[string]string{
 	"stacks": "tid, sid", "usage_levels": "tid, k, b", "alloc_classes": "tid, sclass, dclass", "incidents": "tid, n",
@@ -174,8 +185,11 @@ var withoutRowid = map[string]string{
 }
 
 // vacuum gives the free pages back to the file system, a step at a time
-// (a database made before auto_vacuum was on keeps them for reuse).
+// (a database made before auto_vacuum was on keeps them for reuse), then
+// shrinks the log.
 func (db *DB) vacuum() error {
+	defer db.shrinkLog()
+	last := int64(-1)
 	for {
 		var mode, free int64
 		err := db.roomy(func() error {
@@ -183,17 +197,24 @@ func (db *DB) vacuum() error {
 				if err := c.QueryRow("PRAGMA auto_vacuum").Scan(&mode); err != nil {
 					return err
 				}
-				if err := c.QueryRow("PRAGMA freelist_count").Scan(&free); err != nil || mode != autoVacuumIncremental || free == 0 {
+				if err := c.QueryRow("PRAGMA freelist_count").Scan(&free); err != nil || mode != autoVacuumIncremental || free == 0 || free == last {
 					return err
 				}
-				// incremental_vacuum cannot run inside a transaction.
-				_, err := c.Exec(fmt.Sprintf("PRAGMA incremental_vacuum(%d)", vacuumStep))
-				return err
+				// incremental_vacuum cannot run inside a transaction, and
+				// frees a page per step: its rows are read to the end.
+				rows, err := c.Query(fmt.Sprintf("PRAGMA incremental_vacuum(%d)", vacuumStep))
+				if err != nil {
+					return err
+				}
+				for rows.Next() {
+				}
+				return errors.Join(rows.Err(), rows.Close())
 			})
 		})
-		if err != nil || mode != autoVacuumIncremental || free == 0 {
+		if err != nil || mode != autoVacuumIncremental || free == 0 || free == last {
 			return err
 		}
+		last = free
 	}
 }
 

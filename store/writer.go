@@ -205,6 +205,7 @@ func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string
 	if initial == nil {
 		initial = gpu.NewLayout(gpu.DefaultRules())
 	}
+	db.takeReserve() // a new trace may fill the disk: keep room to delete it
 	switch meta.Source {
 	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay:
 	default:

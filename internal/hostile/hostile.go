@@ -8,7 +8,13 @@ import (
 	"bytes"
 	"compress/gzip"
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
 )
 
 // Gzip compresses b at the best ratio.
@@ -143,4 +149,46 @@ func LongFrameName(n int) []byte {
 		w.Write([]byte("ua"))      // the segment into segments
 		w.Write([]byte("u."))
 	})
+}
+
+// SmallDisk mounts a file system of size bytes (a tmpfs) for the test and
+// returns its directory. It skips where mounting is not allowed (a user
+// who is not root, a container without the right).
+func SmallDisk(t testing.TB, size int64) string {
+	t.Helper()
+	dir := t.TempDir()
+	out, err := exec.Command("mount", "-t", "tmpfs", "-o", fmt.Sprintf("size=%d", size), "tmpfs", dir).CombinedOutput()
+	if err != nil {
+		t.Skipf("cannot mount a small file system here: %v: %s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("umount", "-l", dir).Run() })
+	return dir
+}
+
+// Fill writes a file in dir until the file system has no more than leave
+// bytes free.
+func Fill(t testing.TB, dir string, leave uint64) {
+	t.Helper()
+	f, err := os.CreateTemp(dir, "filler-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	chunk := make([]byte, 64<<10)
+	for {
+		var st syscall.Statfs_t
+		if err := syscall.Statfs(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		free := st.Bavail * uint64(st.Bsize)
+		if free <= leave {
+			return
+		}
+		if _, err := f.Write(chunk[:min(uint64(len(chunk)), free-leave)]); err != nil {
+			if errors.Is(err, syscall.ENOSPC) {
+				return
+			}
+			t.Fatal(err)
+		}
+	}
 }
