@@ -329,12 +329,12 @@ func TestTraceList(t *testing.T) {
 		want  string
 		total int
 	}{
-		{ListQuery{Limit: 3}, "Probe_5%,run 4,Probe_3%", 7},
+		{ListQuery{Limit: 3}, "run 6,Probe_5%,run 4", 7},
 		{ListQuery{Limit: 3, Offset: 6}, "run 0", 7},
 		{ListQuery{Sort: "name", Asc: true, Limit: 2}, "Probe_1%,Probe_3%", 7},
 		{ListQuery{Sort: "events", Limit: 2}, "run 6,Probe_5%", 7},
 		{ListQuery{Source: gpu.SourceLive}, "Probe_5%,Probe_3%,Probe_1%", 3},
-		{ListQuery{Status: gpu.StatusFailed}, "run 6,Probe_5%,run 2", 3},
+		{ListQuery{Status: gpu.StatusFailed}, "Probe_5%,run 2", 2},
 		{ListQuery{Name: "probe_3"}, "Probe_3%", 1},
 		{ListQuery{Name: "%"}, "Probe_5%,Probe_3%,Probe_1%", 3},
 		{ListQuery{Name: "_"}, "Probe_5%,Probe_3%,Probe_1%", 3},
