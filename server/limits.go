@@ -50,6 +50,9 @@ func (s *Server) deadlines(next http.Handler) http.Handler {
 		rc := http.NewResponseController(w)
 		rc.SetWriteDeadline(time.Now().Add(s.opt.Timeouts.Write))
 		if r.Body != nil && r.Body != http.NoBody {
+			// A copy: the server's own request keeps its body, which it
+			// reads to the end (or not) once the handler is done.
+			r = r.WithContext(r.Context())
 			r.Body = &rateReader{r: r.Body, rc: rc, grace: s.opt.Timeouts.BodyGrace, rate: s.opt.Timeouts.BodyRate}
 		}
 		next.ServeHTTP(w, r)
@@ -98,14 +101,17 @@ func (b *rateReader) Read(p []byte) (int, error) {
 	n, err := b.r.Read(p)
 	b.waited += time.Since(start)
 	b.read += int64(n)
-	if err != nil {
+	switch {
+	case err == io.EOF:
 		// Past the body, the server reads the connection to notice a
 		// client that goes away: that read must have no deadline.
 		b.done = true
 		b.rc.SetReadDeadline(time.Time{})
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			err = &errSlowBody{b.read, b.rate}
-		}
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// The deadline stays: the server then drops the connection
+		// rather than wait for the rest of the body.
+		b.done = true
+		err = &errSlowBody{b.read, b.rate}
 	}
 	return n, err
 }

@@ -209,8 +209,8 @@ func (a *aheadReader) Read(p []byte) (int, error) {
 
 // stop ends the reading ahead and waits for it, so the body is not read
 // once the handler returns: a read still waiting on the client is cut
-// short through the connection's read deadline, which is then cleared for
-// the connection's next request.
+// short through the connection's read deadline, which stays past, so the
+// server drops the connection rather than read the rest of the body.
 func (a *aheadReader) stop(rc *http.ResponseController) {
 	a.cancel()
 	select {
@@ -222,5 +222,4 @@ func (a *aheadReader) stop(rc *http.ResponseController) {
 	for range a.chunks {
 	}
 	<-a.done
-	rc.SetReadDeadline(time.Time{})
 }
