@@ -15,7 +15,9 @@ import (
 	"vramscope/gpu"
 )
 
-func wsURL(ts *testServer) string { return "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest" }
+func wsURL(ts *testServer) string {
+	return "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest"
+}
 
 // A message over MaxMessage closes the connection as too big; the trace
 // stays, incomplete.
