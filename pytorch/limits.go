@@ -15,10 +15,12 @@ const (
 	// name, metadata). Real snapshots hold strings of a few kilobytes.
 	MaxString = 1 << 20
 	// memPerByte is the decoded data, in bytes, that one byte of input
-	// may account for. The densest legitimate snapshots (segments of
-	// small blocks, entries whose keys are memo references) stay under a
-	// third of it.
-	memPerByte = 24
+	// may account for. A value costs 24 bytes and takes at least two of
+	// input when it is not a one-byte DUP or constant, so the densest
+	// real snapshots (segments of small blocks, held as dicts until
+	// converted, with keys that are memo references) reach about 15;
+	// files of trace entries stay under 4.
+	memPerByte = 16
 	// memBase is what any input may use, however short.
 	memBase = 32 << 20
 	// maxIntDigits caps the digits of a text INT or LONG, as CPython's

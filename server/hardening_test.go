@@ -271,7 +271,7 @@ func allocs() uint64 {
 
 // Each input of the attack run, uploaded: the status it gets now, and the
 // memory the server allocated answering it, against the budget of what
-// the decoder could read (24 bytes per decompressed byte, 32 MiB
+// the decoder could read (16 bytes per decompressed byte, 32 MiB
 // base) plus the read-ahead and the answer.
 func TestHostileUploads(t *testing.T) {
 	l := listen(t, nil, Options{MaxUploadBytes: 8 << 20, MaxDecompressedBytes: 64 << 20})
@@ -300,7 +300,7 @@ func TestHostileUploads(t *testing.T) {
 		if code != c.status || !strings.Contains(errorOf(t, b), c.want) {
 			t.Errorf("%s: %d %s, want %d with %q", c.name, code, b, c.status, c.want)
 		}
-		if bound := uint64(2*(32<<20+24*c.decompressed) + 16<<20); grew > bound {
+		if bound := uint64(2*(32<<20+16*c.decompressed) + 16<<20); grew > bound {
 			t.Errorf("%s: the server allocated %d MiB, over %d MiB", c.name, grew>>20, bound>>20)
 		}
 	}
