@@ -108,7 +108,7 @@ func New(opt Options) *Server {
 		r.Get("/traces/{id}", s.pageTrace)
 		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
 		r.Get("/p/{token}", s.pagePermalink)
-		r.With(s.requireToken, httprate.Limit(permalinkRate, permalinkWindow, httprate.WithKeyFuncs(httprate.KeyByIP),
+		r.With(s.requireToken, httprate.LimitBy(permalinkRate, permalinkWindow, clientIP,
 			httprate.WithLimitHandler(func(w http.ResponseWriter, _ *http.Request) {
 				writeError(w, http.StatusTooManyRequests, "more than %d permalinks a %s from this client: wait a little", permalinkRate, permalinkWindow)
 			}))).Post("/api/permalinks", s.apiCreatePermalink)
@@ -146,6 +146,17 @@ func New(opt Options) *Server {
 	})
 	s.router = r
 	return s
+}
+
+// clientIP keys the permalink rate limit: the connection's peer address
+// (vramscope serves clients directly; a header could be forged), IPv6 by
+// its /64.
+func clientIP(r *http.Request) (string, error) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return httprate.CanonicalizeIP(host), nil
 }
 
 // Handler returns the server's http.Handler.

@@ -159,37 +159,34 @@ func (db *DB) runTx(fn func(tx *sql.Tx) error) error {
 
 // direct runs fn on the writer's connection, outside a transaction, on the
 // writer goroutine, and waits for it.
-func (db *DB) direct(fn func(c *sql.DB) error) (err error) {
-	defer func() {
-		if recover() != nil {
-			err = errors.New("store: database is closed")
-		}
-	}()
-	reply := make(chan error, 1)
-	db.jobs <- job{raw: fn, reply: reply}
-	return <-reply
-}
+func (db *DB) direct(fn func(c *sql.DB) error) error { return db.wait(job{raw: fn}) }
 
 // write runs fn in a transaction on the writer goroutine and waits for it.
-func (db *DB) write(fn func(tx *sql.Tx) error) (err error) {
-	defer func() {
-		if recover() != nil {
-			err = errors.New("store: database is closed")
-		}
-	}()
+func (db *DB) write(fn func(tx *sql.Tx) error) error { return db.wait(job{fn: fn}) }
+
+// wait queues j and waits for its error.
+func (db *DB) wait(j job) error {
 	reply := make(chan error, 1)
-	db.jobs <- job{fn: fn, reply: reply}
+	j.reply = reply
+	if err := db.queue(j); err != nil {
+		return err
+	}
 	return <-reply
 }
 
 // writeAsync queues fn; fail gets its error.
-func (db *DB) writeAsync(fn func(tx *sql.Tx) error, fail func(error)) (err error) {
+func (db *DB) writeAsync(fn func(tx *sql.Tx) error, fail func(error)) error {
+	return db.queue(job{fn: fn, fail: fail})
+}
+
+// queue hands j to the writer goroutine; after Close it says so.
+func (db *DB) queue(j job) (err error) {
 	defer func() {
 		if recover() != nil {
 			err = errors.New("store: database is closed")
 		}
 	}()
-	db.jobs <- job{fn: fn, fail: fail}
+	db.jobs <- j
 	return nil
 }
 
