@@ -128,7 +128,26 @@ type Trace struct {
 	PeakUS  int64     `json:"peak_us"`
 	Created time.Time `json:"created"`
 	Rules   Rules     `json:"-"`
+	// Dropped: the events of the recording left out when it was stored.
+	Dropped *Dropped `json:"dropped,omitempty"`
 }
+
+// Dropped says which events of a recording were left out when it was
+// stored because they contradict its own segments: how many, and the
+// first few with why.
+type Dropped struct {
+	Count int            `json:"count"`
+	First []DroppedEvent `json:"first"`
+}
+
+// DroppedEvent is one event left out: its index in the recording.
+type DroppedEvent struct {
+	Seq    int64  `json:"seq"`
+	Reason string `json:"reason"`
+}
+
+// MaxDroppedShown is how many dropped events Dropped.First names.
+const MaxDroppedShown = 10
 
 // Title is what a trace is called: its name, or its id when it has none.
 func (t Trace) Title() string {

@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"context"
 	"testing"
 
 	"vramscope/ingest"
@@ -17,7 +18,7 @@ func BenchmarkExportStored(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	ids, err := ingest.Store(db, traces, "bench")
+	ids, err := ingest.Store(context.Background(), db, traces, "bench")
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -4,6 +4,7 @@
 package ingest
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,15 +22,18 @@ type InputError struct{ Err error }
 func (e *InputError) Error() string { return e.Err.Error() }
 func (e *InputError) Unwrap() error { return e.Err }
 
-// Snapshot decodes a PyTorch memory snapshot and stores one trace per
-// device that has segments or events, named name. Nothing is kept when any
-// device fails. A read cut short by a size limit (http.MaxBytesError) is
-// returned as it is.
-func Snapshot(db *store.DB, r io.Reader, name string) ([]string, error) {
-	traces, err := pytorch.Decode(r)
+// Snapshot decodes a PyTorch memory snapshot within opt's bounds and
+// stores one trace per device that has segments or events, named name.
+// Nothing is kept when any device fails. Errors of the reader (a size
+// limit such as http.MaxBytesError), pytorch.LimitError and the context's
+// end are returned as they are, wrapped; other decode errors are
+// InputErrors.
+func Snapshot(db *store.DB, r io.Reader, name string, opt pytorch.Options) ([]string, error) {
+	traces, err := pytorch.DecodeWith(r, opt)
 	if err != nil {
 		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
+		var le *pytorch.LimitError
+		if errors.As(err, &mbe) || errors.As(err, &le) || opt.Context != nil && opt.Context.Err() != nil {
 			return nil, err
 		}
 		return nil, &InputError{err}
@@ -38,29 +42,39 @@ func Snapshot(db *store.DB, r io.Reader, name string) ([]string, error) {
 	if err != nil {
 		return nil, &InputError{err}
 	}
-	return Store(db, keep, name)
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return Store(ctx, db, keep, name)
 }
 
 // Store stores decoded snapshot traces as one upload, one trace per
 // device, named name (plus the device when there are several): events,
 // stacks, and what the file says beyond them (its top level, settings and
-// annotations, the trace entries' extras, its segments as written).
-// Nothing is kept when any of them fails.
-func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error) {
+// annotations, the trace entries' extras, its segments as written). It is
+// all or nothing: readers see none of it until the last row is written,
+// then all at once; on an error, or when ctx ends, nothing is kept.
+func Store(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name string) ([]string, error) {
 	up, err := uploadOf(traces, name)
 	if err != nil {
 		return nil, &InputError{err}
 	}
-	upload, err := db.CreateUpload(up)
+	anns, err := annotationsOf(traces[0].Snapshot)
 	if err != nil {
 		return nil, err
 	}
+	upload := store.NewUploadID()
 	var ws []*store.Writer
-	abort := func() {
+	fail := func(err error) ([]string, error) {
 		for _, w := range ws {
 			w.Abort()
 		}
-		db.DeleteUpload(upload)
+		var me *gpu.MismatchError
+		if errors.As(err, &me) || errors.Is(err, store.ErrBadSettings) { // the file's fault, not ours
+			return nil, &InputError{err}
+		}
+		return nil, err
 	}
 	for _, t := range traces {
 		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
@@ -68,43 +82,31 @@ func Store(db *store.DB, traces []*pytorch.Trace, name string) ([]string, error)
 		if len(traces) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
 		}
-		w, err := db.CreateTrace(meta, t.Initial)
+		w, err := db.ImportTrace(meta, t.Initial)
 		if err != nil {
-			abort()
-			return nil, err
+			return fail(fmt.Errorf("device %d: %w", t.Device, err))
 		}
 		ws = append(ws, w)
-		if err := emit(w, t); err != nil {
-			abort()
-			var me *gpu.MismatchError
-			if errors.As(err, &me) { // the file contradicts itself: its fault, not ours
-				return nil, &InputError{fmt.Errorf("device %d: %w", t.Device, err)}
-			}
-			return nil, err
+		if len(t.Dropped) > 0 {
+			w.SetDropped(gpu.Dropped{Count: len(t.Dropped), First: t.Dropped[:min(len(t.Dropped), gpu.MaxDroppedShown)]})
+		}
+		if err := emit(ctx, w, t); err != nil {
+			return fail(fmt.Errorf("device %d: %w", t.Device, err))
 		}
 	}
-	anns, err := annotationsOf(traces[0].Snapshot)
-	if err == nil {
-		err = db.AddAnnotations(upload, anns)
-	}
-	if err != nil {
-		abort()
-		return nil, err
+	if err := db.PublishUpload(upload, up, anns, ws...); err != nil {
+		return fail(err)
 	}
 	var out []string
 	for _, w := range ws {
-		if err := w.Close(gpu.StatusComplete); err != nil {
-			abort()
-			return nil, err
-		}
 		out = append(out, w.ID())
 	}
 	return out, nil
 }
 
 // emit writes one device's stacks, events, the extras of its events and
-// its segments as the file wrote them.
-func emit(w *store.Writer, t *pytorch.Trace) error {
+// its segments as the file wrote them, stopping when ctx ends.
+func emit(ctx context.Context, w *store.Writer, t *pytorch.Trace) error {
 	ids := make([]gpu.StackID, len(t.Stacks)+1)
 	for i, st := range t.Stacks {
 		ids[i+1] = w.Stack(st)
@@ -125,6 +127,9 @@ func emit(w *store.Writer, t *pytorch.Trace) error {
 		if len(buf) == batch {
 			w.Emit(buf)
 			buf = buf[:0]
+			if err := ctx.Err(); err != nil {
+				return context.Cause(ctx)
+			}
 		}
 	}
 	w.Emit(buf)

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"context"
 	"testing"
 
 	"vramscope/internal/testkit"
@@ -27,7 +28,7 @@ func TestStoreTimesAndDevices(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		ids, err := Store(db, keep, c.file)
+		ids, err := Store(context.Background(), db, keep, c.file)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,6 +1,7 @@
 package ingest_test
 
 import (
+	"context"
 	"database/sql"
 	"errors"
 	"path/filepath"
@@ -34,7 +35,7 @@ func TestStoreIsAllOrNothing(t *testing.T) {
 	bad := *keep[2]
 	bad.Events = append(slices.Clone(bad.Events), gpu.Event{Seq: int64(len(bad.Events)), Action: gpu.ActionFreeCompleted, Addr: 12345, Size: 1})
 	bad.ExtraOf = append(slices.Clone(bad.ExtraOf), 0)
-	_, err = ingest.Store(db, []*pytorch.Trace{keep[0], keep[1], &bad}, "broken")
+	_, err = ingest.Store(context.Background(), db, []*pytorch.Trace{keep[0], keep[1], &bad}, "broken")
 	var ie *ingest.InputError
 	if !errors.As(err, &ie) {
 		t.Fatalf("got %v, want an input error", err)
@@ -51,7 +52,7 @@ func TestStoreIsAllOrNothing(t *testing.T) {
 		}
 	}
 
-	ids, err := ingest.Store(db, keep, "whole")
+	ids, err := ingest.Store(context.Background(), db, keep, "whole")
 	if err != nil || len(ids) != 3 {
 		t.Fatalf("%v %v", ids, err)
 	}

@@ -1,6 +1,8 @@
 package live
 
 import (
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"sync"
@@ -21,9 +23,16 @@ type Options struct {
 	// PingPeriod (30 s); a peer silent for PongWait (60 s), or a write not
 	// done within WriteWait (10 s), is dropped.
 	PingPeriod, PongWait, WriteWait time.Duration
-	// MaxMessage caps one ingest message (32 MiB).
+	// MaxMessage caps one ingest message (8 MiB): what parsing it may
+	// cost follows from it.
 	MaxMessage int64
-	Logger     *slog.Logger
+	// MaxStreams caps the ingest connections open at once (64); more are
+	// refused with 503 before the upgrade.
+	MaxStreams int
+	// EmptyExpiry: a live trace that never got an event is deleted once
+	// it is this old and no connection writes it (10 min).
+	EmptyExpiry time.Duration
+	Logger      *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -40,7 +49,13 @@ func (o *Options) defaults() {
 		o.WriteWait = 10 * time.Second
 	}
 	if o.MaxMessage <= 0 {
-		o.MaxMessage = 32 << 20
+		o.MaxMessage = 8 << 20
+	}
+	if o.MaxStreams <= 0 {
+		o.MaxStreams = 64
+	}
+	if o.EmptyExpiry <= 0 {
+		o.EmptyExpiry = 10 * time.Minute
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -54,24 +69,52 @@ type Hub struct {
 	opt Options
 	up  websocket.Upgrader
 
-	mu     sync.Mutex
-	topics map[string]*topic
-	conns  map[*websocket.Conn]struct{} // every open connection, for Close
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	topics  map[string]*topic
+	conns   map[*websocket.Conn]struct{} // every open connection, for Close
+	streams int                          // ingest connections open
+	closed  bool
+	wg      sync.WaitGroup
+	stop    chan struct{} // ends the sweeper
 }
 
-// NewHub returns a hub storing into db.
+// NewHub returns a hub storing into db. It deletes, every minute, the
+// live traces that never got an event (Options.EmptyExpiry).
 func NewHub(db *store.DB, opt Options) *Hub {
 	opt.defaults()
-	return &Hub{db: db, opt: opt, topics: map[string]*topic{}, conns: map[*websocket.Conn]struct{}{},
+	h := &Hub{db: db, opt: opt, topics: map[string]*topic{}, conns: map[*websocket.Conn]struct{}{}, stop: make(chan struct{}),
 		up: websocket.Upgrader{ReadBufferSize: 64 << 10, WriteBufferSize: 4 << 10, WriteBufferPool: &sync.Pool{}}}
+	h.wg.Add(1)
+	go h.sweep(min(time.Minute, opt.EmptyExpiry/2))
+	return h
+}
+
+// sweep deletes the expired empty live traces every period.
+func (h *Hub) sweep(period time.Duration) {
+	defer h.wg.Done()
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		if n, err := h.db.ExpireEmpty(gpu.SourceLive, time.Now().Add(-h.opt.EmptyExpiry)); err != nil {
+			h.opt.Logger.Warn("live: expiring empty traces", "err", err)
+		} else if n > 0 {
+			h.opt.Logger.Info("live: expired traces that never got an event", "traces", n)
+		}
+		select {
+		case <-h.stop:
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // Close drops every connection and waits for their handlers: ingest
 // streams leave their traces incomplete, to be resumed.
 func (h *Hub) Close() {
 	h.mu.Lock()
+	if !h.closed {
+		close(h.stop)
+	}
 	h.closed = true
 	for c := range h.conns {
 		c.Close()
@@ -190,6 +233,24 @@ func (t *topic) publish(s Tail) {
 // ServeIngest serves /ws/ingest: one job streaming a trace. Who may
 // stream (tokens, hosts) is the router's to check before.
 func (h *Hub) ServeIngest(w http.ResponseWriter, r *http.Request) {
+	h.mu.Lock()
+	full := h.streams >= h.opt.MaxStreams
+	if !full {
+		h.streams++
+	}
+	h.mu.Unlock()
+	if full {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Retry-After", "10")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("this server takes %d live streams at once, and has them", h.opt.MaxStreams)})
+		return
+	}
+	defer func() {
+		h.mu.Lock()
+		h.streams--
+		h.mu.Unlock()
+	}()
 	c, err := h.up.Upgrade(w, r, nil)
 	if err != nil {
 		return // the upgrader has answered

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
@@ -58,10 +57,8 @@ type ingestConn struct {
 	state Tail
 	fresh bool // no event stored yet: the first may have any seq from 0 up
 
-	ids    map[uint64]gpu.StackID // the client's stack ids to the writer's
-	defs   []StackDef
-	events []gpu.Event
-	own    []bool // per event: Stack is the writer's id already (inline frames)
+	ids map[uint64]gpu.StackID // the client's stack ids to the writer's
+	msg message                // the message being stored
 }
 
 // reject tells the client why and closes.
@@ -183,7 +180,7 @@ func initialLayout(snap json.RawMessage, meta *gpu.TraceMeta) (*gpu.Layout, []gp
 	if len(bytes.TrimSpace(snap)) == 0 || string(bytes.TrimSpace(snap)) == "null" {
 		return nil, nil, nil
 	}
-	traces, err := pytorch.Decode(bytes.NewReader(snap))
+	traces, err := pytorch.DecodeWith(bytes.NewReader(snap), pytorch.Options{MaxBytes: int64(len(snap))})
 	if err != nil {
 		return nil, nil, fmt.Errorf("hello: snapshot: %w", err)
 	}
@@ -212,84 +209,30 @@ func (s *ingestConn) read() (end bool, status gpu.TraceStatus, perr error) {
 			return false, "", nil
 		}
 		c.SetReadDeadline(time.Now().Add(s.h.opt.PongWait))
-		s.defs, s.events, s.own = s.defs[:0], s.events[:0], s.own[:0]
-		switch typ {
-		case websocket.BinaryMessage:
-			s.defs, s.events, err = ParseBatch(msg, s.defs, s.events)
-			if err != nil {
-				return false, "", err
-			}
-			for range s.events {
-				s.own = append(s.own, false)
-			}
-		case websocket.TextMessage:
-			var b jsonBatch
-			if err := json.Unmarshal(msg, &b); err != nil {
-				return false, "", fmt.Errorf("message: %v", err)
-			}
-			switch b.Type {
-			case "end":
-				switch st := gpu.TraceStatus(b.Status); st {
-				case "", gpu.StatusComplete:
-					return true, gpu.StatusComplete, nil
-				case gpu.StatusFailed, gpu.StatusIncomplete:
-					return true, st, nil
-				default:
-					return false, "", fmt.Errorf("end: status %q is not complete, failed or incomplete", b.Status)
-				}
-			case "events":
-				if err := s.fromJSON(&b); err != nil {
-					return false, "", err
-				}
-			default:
-				return false, "", fmt.Errorf("unknown message type %q", b.Type)
-			}
+		if err := s.msg.decode(typ, msg); err != nil {
+			return false, "", err
+		}
+		if s.msg.end {
+			return true, s.msg.status, nil
 		}
 		if err := s.store(); err != nil {
 			return false, "", err
 		}
+		s.msg.release()
 	}
 }
 
-// fromJSON turns a text batch into s.defs and s.events.
-func (s *ingestConn) fromJSON(b *jsonBatch) error {
-	for k, frames := range b.Stacks {
-		id, err := strconv.ParseUint(k, 10, 64)
-		if err != nil || id == 0 {
-			return fmt.Errorf("stacks: id %q is not a positive integer", k)
-		}
-		s.defs = append(s.defs, StackDef{id, frames})
-	}
-	for i := range b.Events {
-		je := &b.Events[i]
-		a, ok := gpu.ParseAction(je.Action)
-		if !ok {
-			// An action this version does not know (PyTorch adds some)
-			// is skipped; its seq still counts.
-			a = gpu.ActionNone
-		}
-		e := gpu.Event{Seq: je.Seq, TimeUS: je.TimeUS, Action: a, Addr: je.Addr, Size: je.Size,
-			Stream: je.Stream, DeviceFree: je.DeviceFree, Stack: gpu.StackID(je.Stack)}
-		if len(je.Frames) > 0 {
-			e.Stack = s.w.Stack(je.Frames)
-		}
-		s.events = append(s.events, e)
-		s.own = append(s.own, len(je.Frames) > 0)
-	}
-	return nil
-}
-
-// store checks and writes s.defs and s.events.
+// store checks and writes the events of s.msg.
 func (s *ingestConn) store() error {
-	for _, d := range s.defs {
+	for _, d := range s.msg.defs {
 		s.ids[d.ID] = s.w.Stack(d.Frames)
 	}
 	s.mu.Lock()
 	st := s.state
 	fresh := s.fresh
 	s.mu.Unlock()
-	kept := s.events[:0]
-	for i, e := range s.events {
+	kept := s.msg.events[:0]
+	for i, e := range s.msg.events {
 		if e.Seq < 0 {
 			return fmt.Errorf("event %d: sequence numbers start at 0 or above", e.Seq)
 		}
@@ -304,7 +247,9 @@ func (s *ingestConn) store() error {
 		if e.Action == gpu.ActionNone {
 			continue
 		}
-		if e.Stack != 0 && !s.own[i] {
+		if s.msg.frames != nil && len(s.msg.frames[i]) > 0 {
+			e.Stack = s.w.Stack(s.msg.frames[i])
+		} else if e.Stack != 0 {
 			id, ok := s.ids[uint64(e.Stack)]
 			if !ok {
 				return fmt.Errorf("event %d: stack %d was not defined on this connection", e.Seq, e.Stack)

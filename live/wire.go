@@ -51,6 +51,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+
+	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
 )
@@ -256,4 +259,85 @@ func (r *byteReader) bytes(n uint64) []byte {
 	}
 	r.off += int(n)
 	return r.b[r.off-int(n) : r.off]
+}
+
+// message is one ingest message after the hello, decoded.
+type message struct {
+	end    bool // {"type":"end"}: status says how
+	status gpu.TraceStatus
+	defs   []StackDef
+	events []gpu.Event
+	frames []gpu.Stack // per event, its own frames; nil when no event has any
+}
+
+// decode reads a websocket message of type typ into m, reusing its
+// buffers. What it costs follows from the message's size, which the
+// connection caps.
+func (m *message) decode(typ int, msg []byte) error {
+	m.end, m.status = false, ""
+	m.defs, m.events, m.frames = m.defs[:0], m.events[:0], nil
+	if typ == websocket.BinaryMessage {
+		var err error
+		m.defs, m.events, err = ParseBatch(msg, m.defs, m.events)
+		return err
+	}
+	var b jsonBatch
+	if err := json.Unmarshal(msg, &b); err != nil {
+		return fmt.Errorf("message: %v", err)
+	}
+	switch b.Type {
+	case "end":
+		switch st := gpu.TraceStatus(b.Status); st {
+		case "", gpu.StatusComplete:
+			m.end, m.status = true, gpu.StatusComplete
+		case gpu.StatusFailed, gpu.StatusIncomplete:
+			m.end, m.status = true, st
+		default:
+			return fmt.Errorf("end: status %q is not complete, failed or incomplete", b.Status)
+		}
+		return nil
+	case "events":
+	default:
+		return fmt.Errorf("unknown message type %q", b.Type)
+	}
+	for k, frames := range b.Stacks {
+		id, err := strconv.ParseUint(k, 10, 64)
+		if err != nil || id == 0 {
+			return fmt.Errorf("stacks: id %q is not a positive integer", k)
+		}
+		m.defs = append(m.defs, StackDef{id, frames})
+	}
+	for i := range b.Events {
+		je := &b.Events[i]
+		a, ok := gpu.ParseAction(je.Action)
+		if !ok {
+			// An action this version does not know (PyTorch adds some)
+			// is skipped; its seq still counts.
+			a = gpu.ActionNone
+		}
+		m.events = append(m.events, gpu.Event{Seq: je.Seq, TimeUS: je.TimeUS, Action: a, Addr: je.Addr, Size: je.Size,
+			Stream: je.Stream, DeviceFree: je.DeviceFree, Stack: gpu.StackID(je.Stack)})
+		if len(je.Frames) > 0 {
+			if m.frames == nil {
+				m.frames = make([]gpu.Stack, len(b.Events))
+			}
+			m.frames[i] = je.Frames
+		}
+	}
+	return nil
+}
+
+// keptEvents: buffers grown past this many events by a big message are
+// let go after it, not held for the connection's life.
+const keptEvents = 1 << 14
+
+// release lets go of buffers a big message grew.
+func (m *message) release() {
+	if cap(m.events) > keptEvents {
+		m.events = nil
+	}
+	if cap(m.defs) > keptEvents {
+		m.defs = nil
+	}
+	m.frames = nil
 }

@@ -50,7 +50,7 @@ func BenchmarkUnpickle100MB(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, _, err := decodeValue(f, true); err != nil {
+		if _, _, err := decodeValue(f, true, Options{}); err != nil {
 			b.Fatal(err)
 		}
 		f.Close()

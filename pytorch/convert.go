@@ -4,14 +4,20 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"unsafe"
 
 	"vramscope/gpu"
 )
 
+const (
+	blockSize      = int(unsafe.Sizeof(gpu.Block{}))
+	segmentSize    = int(unsafe.Sizeof(gpu.Segment{}))
+	rawSegmentSize = int(unsafe.Sizeof(rawSegment{}))
+)
+
 // converter turns the decoded top-level value into one Trace per device.
 type converter struct {
-	d      *decoder
-	budget int // values that may still be made; shared references cannot blow it up
+	d *decoder
 }
 
 // StructureError is a snapshot that decodes but does not have the shape
@@ -28,8 +34,8 @@ func bad(where, format string, args ...any) error {
 }
 
 func (c *converter) spend(n int) error {
-	if c.budget -= n; c.budget < 0 {
-		return errTooLarge
+	if c.d.charge(n * valueSize); c.d.over != nil {
+		return c.d.over
 	}
 	return nil
 }
@@ -141,8 +147,24 @@ type rawSegment struct {
 	info   SegmentInfo
 }
 
-// convert builds the traces from the decoded top-level value.
+// convert builds the traces from the decoded top-level value. Running
+// out of the memory budget, or the context ending, wins over any other
+// error it causes.
 func (c *converter) convert(root Value) ([]*Trace, error) {
+	out, err := c.build(root)
+	if c.d.over != nil {
+		return nil, c.d.over
+	}
+	if err == nil {
+		err = c.d.canceled()
+	}
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *converter) build(root Value) ([]*Trace, error) {
 	d := c.d
 	root = resolve(root)
 	var segsV, tracesV, settingsV, annV Value
@@ -173,7 +195,7 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 			case sExternalAnnotations:
 				annV = v
 			default:
-				x, err := d.toAny(v, 1, &c.budget)
+				x, err := d.toAny(v, 1)
 				if err != nil {
 					return nil, bad(d.strs[k.bits], "%v", err)
 				}
@@ -189,7 +211,7 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 
 	settings := Settings{Rules: gpu.DefaultRules()}
 	if settingsV.kind != kEmpty {
-		x, err := d.toAny(settingsV, 1, &c.budget)
+		x, err := d.toAny(settingsV, 1)
 		if err != nil {
 			return nil, bad("allocator_settings", "%v", err)
 		}
@@ -236,6 +258,9 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 	}
 	var out []*Trace
 	for _, dev := range order {
+		if err := d.canceled(); err != nil {
+			return nil, err
+		}
 		t := &Trace{Device: dev, Settings: settings, Final: gpu.NewLayout(settings.Rules), Warnings: warnings, Snapshot: snap}
 		for _, s := range segs {
 			if s.device == dev {
@@ -252,8 +277,19 @@ func (c *converter) convert(root Value) ([]*Trace, error) {
 		if err := c.finishLayout(t); err != nil {
 			return nil, err
 		}
+		// The final layout is held three times (final, initial, the one
+		// replayed).
+		blocks := 0
+		for _, s := range t.Final.Segments {
+			blocks += len(s.Blocks)
+		}
+		if err := c.spend(512 + 3*(blocks*blockSize+len(t.Final.Segments)*segmentSize)/valueSize); err != nil {
+			return nil, err
+		}
 		c.compact(t)
-		t.deriveInitial()
+		if err := t.deriveInitial(d.canceled); err != nil {
+			return nil, err
+		}
 		out = append(out, t)
 	}
 	return out, nil
@@ -345,8 +381,16 @@ func (c *converter) segments(v Value) ([]rawSegment, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := c.spend(len(items) * rawSegmentSize / valueSize); err != nil {
+		return nil, err
+	}
 	out := make([]rawSegment, 0, len(items))
 	for i, sv := range items {
+		if i%checkEvery == 0 {
+			if err := c.d.canceled(); err != nil {
+				return nil, err
+			}
+		}
 		where := fmt.Sprintf("segments[%d]", i)
 		s, err := c.segment(sv, where)
 		if err != nil {
@@ -425,6 +469,9 @@ func (c *converter) segment(sv Value, where string) (rawSegment, error) {
 		return s, err
 	}
 	at := seg.Addr
+	if err := c.spend(len(blocks) * blockSize / valueSize); err != nil {
+		return s, err
+	}
 	seg.Blocks = make([]gpu.Block, 0, len(blocks))
 	for j, b := range blocks {
 		bw := fmt.Sprintf("%s.blocks[%d]", where, j)
@@ -487,7 +534,7 @@ func (c *converter) formOf(dict Value, where func() string, std []string, derive
 		if known && (want == nil || c.d.sameValue(items[p[1]], want)) {
 			continue
 		}
-		x, err := c.d.toAny(resolve(items[p[1]]), 1, &c.budget)
+		x, err := c.d.toAny(resolve(items[p[1]]), 1)
 		if err != nil {
 			return nil, bad(where()+"."+key, "%v", err)
 		}
@@ -571,6 +618,10 @@ func (c *converter) deviceTraces(v Value) ([]*eventList, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Each device becomes a trace with its own layouts: charged up front.
+	if err := c.spend(len(items) * 64); err != nil {
+		return nil, err
+	}
 	out := make([]*eventList, len(items))
 	for i, tv := range items {
 		where := fmt.Sprintf("device_traces[%d]", i)
@@ -601,7 +652,7 @@ func (c *converter) annotations(v Value) ([]Annotation, error) {
 	if v.kind == kEmpty {
 		return nil, nil
 	}
-	x, err := c.d.toAny(v, 1, &c.budget)
+	x, err := c.d.toAny(v, 1)
 	if err != nil {
 		return nil, bad("external_annotations", "%v", err)
 	}

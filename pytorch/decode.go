@@ -65,12 +65,18 @@ const ImportGCPercent = 30
 
 // Decode reads a snapshot (pickle protocol 0 to 5, JSON, either gzipped)
 // and returns one trace per device it mentions, ordered by device.
-func Decode(r io.Reader) ([]*Trace, error) {
-	d, root, err := decodeValue(r, true)
+func Decode(r io.Reader) ([]*Trace, error) { return DecodeWith(r, Options{}) }
+
+// DecodeWith is Decode within the bounds of opt. Besides the errors of
+// Decode, it returns a *LimitError for input past opt.MaxBytes or that
+// describes more data than its size can hold, and the context's cause
+// (wrapped) when opt.Context ends first.
+func DecodeWith(r io.Reader, opt Options) ([]*Trace, error) {
+	d, root, err := decodeValue(r, true, opt)
 	if err != nil {
 		return nil, err
 	}
-	c := &converter{d: d, budget: budgetFor(d)}
+	c := &converter{d: d}
 	return c.convert(root)
 }
 
@@ -94,22 +100,17 @@ func Unpickle(r io.Reader) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	budget := budgetFor(d)
-	x, err := d.toAny(root, 0, &budget)
+	x, err := d.toAny(root, 0)
 	if err != nil {
+		if d.over != nil {
+			return nil, d.over
+		}
 		return nil, &Error{Offset: d.in.offset(), Msg: err.Error()}
 	}
 	return x, nil
 }
 
-// budgetFor bounds the values a conversion may make: a few per input
-// byte, so shared memo references cannot turn a small file into a huge
-// tree.
-func budgetFor(d *decoder) int {
-	return int(min(4*max(d.in.offset(), d.jsonRead)+1<<16, math.MaxInt32))
-}
-
-func decodeValue(r io.Reader, snap bool) (*decoder, Value, error) {
+func decodeValue(r io.Reader, snap bool, opt Options) (*decoder, Value, error) {
 	br := bufio.NewReaderSize(r, 64<<10)
 	f, gz, err := sniff(br)
 	if err != nil {
@@ -120,22 +121,26 @@ func decodeValue(r io.Reader, snap bool) (*decoder, Value, error) {
 		if err != nil {
 			return nil, Value{}, fmt.Errorf("gzip: %w", err)
 		}
-		br = bufio.NewReaderSize(zr, 64<<10)
+		br = bufio.NewReaderSize(&limitReader{r: zr, ctx: opt.Context, max: opt.MaxBytes}, 64<<10)
 		if f, gz, err = sniff(br); err != nil {
 			return nil, Value{}, fmt.Errorf("gzip: %w", err)
 		}
 		if gz {
 			return nil, Value{}, errors.New("gzip: the data inside is gzipped again")
 		}
+	} else if opt.Context != nil || opt.MaxBytes > 0 {
+		br = bufio.NewReaderSize(&limitReader{r: br, ctx: opt.Context, max: opt.MaxBytes}, 64<<10)
 	}
 	d := newDecoder(br, snap)
+	d.ctx = opt.Context
 	var v Value
 	if f == formatJSON {
 		v, err = d.fromJSON(br)
 	} else {
 		v, err = d.unpickle()
 	}
-	if err != nil && gz {
+	var le *LimitError
+	if err != nil && gz && !errors.As(err, &le) {
 		err = fmt.Errorf("gzip (offsets are into the decompressed data): %w", err)
 	}
 	return d, v, err
@@ -144,7 +149,7 @@ func decodeValue(r io.Reader, snap bool) (*decoder, Value, error) {
 // fromJSON builds the same values from JSON, through the same hooks
 // (frames interning, trace entries as events).
 func (d *decoder) fromJSON(r io.Reader) (Value, error) {
-	dec := json.NewDecoder(r)
+	dec := json.NewDecoder(&tokenReader{r: r, d: d})
 	dec.UseNumber()
 	v, err := d.jsonValue(dec, 0)
 	if err != nil {
@@ -160,11 +165,18 @@ func (d *decoder) jsonValue(dec *json.Decoder, depth int) (Value, error) {
 	at := dec.InputOffset()
 	tok, err := dec.Token()
 	d.jsonRead = dec.InputOffset()
+	if err == nil && d.over != nil {
+		return Value{}, d.over
+	}
 	if err != nil {
 		if err == io.EOF {
 			err = io.ErrUnexpectedEOF
 		}
-		return Value{}, &Error{Offset: at, Msg: "json: " + err.Error()}
+		var le *LimitError
+		if errors.As(err, &le) {
+			return Value{}, le
+		}
+		return Value{}, &Error{Offset: at, Msg: "json: " + err.Error(), Err: err}
 	}
 	if depth > maxDepth {
 		return Value{}, &Error{Offset: at, Msg: fmt.Sprintf("json: nesting deeper than %d", maxDepth)}
@@ -180,7 +192,7 @@ func (d *decoder) jsonValue(dec *json.Decoder, depth int) (Value, error) {
 	case string:
 		return Value{kind: kStr, bits: uint64(d.intern([]byte(t)))}, nil
 	case json.Number:
-		return jsonNumber(t, at)
+		return d.jsonNumber(t, at)
 	case json.Delim:
 		switch t {
 		case '[':
@@ -191,7 +203,9 @@ func (d *decoder) jsonValue(dec *json.Decoder, depth int) (Value, error) {
 				if err != nil {
 					return Value{}, err
 				}
+				old := cap(items)
 				items = append(items, v)
+				d.grew(old, cap(items), valueSize)
 				if len(items) == 1000 { // hand entries over in batches, as pickle does
 					if err := d.appendItems(list, items); err != nil {
 						return Value{}, &Error{Offset: at, Msg: "json: " + err.Error()}
@@ -228,7 +242,7 @@ func (d *decoder) jsonValue(dec *json.Decoder, depth int) (Value, error) {
 	return Value{}, &Error{Offset: at, Msg: fmt.Sprintf("json: unexpected %v", tok)}
 }
 
-func jsonNumber(n json.Number, at int64) (Value, error) {
+func (d *decoder) jsonNumber(n json.Number, at int64) (Value, error) {
 	s := string(n)
 	if i, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return Value{kind: kInt, bits: uint64(i)}, nil
@@ -236,7 +250,11 @@ func jsonNumber(n json.Number, at int64) (Value, error) {
 	if u, err := strconv.ParseUint(s, 10, 64); err == nil {
 		return Value{kind: kUint, bits: u}, nil
 	}
+	if len(s) > maxIntDigits+1 {
+		return Value{}, &Error{Offset: at, Msg: fmt.Sprintf("json: a number of %d characters, more than the limit of %d", len(s), maxIntDigits+1)}
+	}
 	if x, ok := new(big.Int).SetString(s, 10); ok {
+		d.charge(objectSize + len(s)/2)
 		return Value{kind: kBig, obj: &object{big: x, memo: -1}}, nil
 	}
 	f, err := strconv.ParseFloat(s, 64)
@@ -244,4 +262,23 @@ func jsonNumber(n json.Number, at int64) (Value, error) {
 		return Value{}, &Error{Offset: at, Msg: fmt.Sprintf("json: bad number %q", clip(s))}
 	}
 	return Value{kind: kFloat, bits: math.Float64bits(f)}, nil
+}
+
+// tokenReader feeds the JSON decoder, which holds a whole token in memory
+// before it hands it over: it refuses to read further than MaxString past
+// the last token handed over, so no string or number grows beyond that.
+type tokenReader struct {
+	r    io.Reader
+	d    *decoder
+	read int64
+}
+
+func (t *tokenReader) Read(p []byte) (int, error) {
+	ahead := t.read - t.d.jsonRead
+	if ahead > MaxString+64<<10 {
+		return 0, &Error{Offset: t.d.jsonRead, Msg: fmt.Sprintf("json: a token longer than the limit of %d bytes (frame names, file names and other strings of a snapshot are far shorter)", MaxString)}
+	}
+	n, err := t.r.Read(p)
+	t.read += int64(n)
+	return n, err
 }

@@ -300,7 +300,7 @@ func TestHostileInputs(t *testing.T) {
 		"shared expansion":   {laughs, "expands to more values"},
 		"huge unicode8":      {[]byte("\x80\x04\x8d\xff\xff\xff\xff\xff\xff\xff\x7fabc"), "more than the limit"},
 		"huge binunicode":    {[]byte("\x80\x04X\xff\xff\xff\xffabc"), "more than the limit"},
-		"declared not there": {append([]byte("\x80\x04B\x00\x00\x00\x30"), make([]byte, 1000)...), "truncated"},
+		"declared not there": {append([]byte("\x80\x04B\x00\x00\x0f\x00"), make([]byte, 1000)...), "truncated"},
 		"huge long4":         {[]byte("\x80\x04\x8b\xff\xff\xff\x7f\x01"), "more than the limit"},
 		"unset memo":         {[]byte("\x80\x04h\x05."), "never set"},
 		"far memo":           {[]byte("\x80\x04Kdr\x00\x00\x00\xf00j\x00\x00\x00\xf0."), ""},

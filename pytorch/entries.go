@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"vramscope/gpu"
 )
@@ -102,6 +103,7 @@ func (d *decoder) setItems(dict Value, kv []Value) error {
 	if o.conv.kind != kEmpty {
 		return fmt.Errorf("setting items on a dict already read as a %s", o.conv.kind)
 	}
+	old := cap(o.items)
 	for i := 0; i < len(kv); i += 2 {
 		k, v := kv[i], kv[i+1]
 		if d.snap && k.kind == kStr && k.bits == sFrames && v.kind == kList {
@@ -109,6 +111,7 @@ func (d *decoder) setItems(dict Value, kv []Value) error {
 		}
 		o.items = append(o.items, k, v)
 	}
+	d.grew(old, cap(o.items), valueSize)
 	return nil
 }
 
@@ -126,7 +129,9 @@ func (d *decoder) appendItems(list Value, items []Value) error {
 		o.events = &eventList{}
 	}
 	if o.events == nil {
+		old := cap(o.items)
 		o.items = append(o.items, items...)
+		d.grew(old, cap(o.items), valueSize)
 		return nil
 	}
 	for _, it := range items {
@@ -301,15 +306,23 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 			d.extras = append(d.extras, x)
 			idx = uint32(len(d.extras))
 			d.extraIdx[ex] = idx
+			d.charge(int(unsafe.Sizeof(x)) + 2*mapEntry + len(ex.other))
 		}
 		if el.extra == nil {
 			el.extra = make([]uint32, len(el.events), cap(el.events))
+			d.charge(4 * cap(el.extra))
 		}
+		old := cap(el.extra)
 		el.extra = append(el.extra, idx)
+		d.grew(old, cap(el.extra), 4)
 	} else if el.extra != nil {
+		old := cap(el.extra)
 		el.extra = append(el.extra, 0)
+		d.grew(old, cap(el.extra), 4)
 	}
+	old := cap(el.events)
 	el.events = append(el.events, e)
+	d.grew(old, cap(el.events), eventSize)
 	d.replaceMemo(o, Value{kind: kConsumed})
 }
 
@@ -368,7 +381,7 @@ const otherCached = 16
 // otherValue converts the value of a trace-entry key this package does
 // not know, and returns a token for it: entries whose tokens are equal
 // have equal values, and share one EventExtra. All such values of a
-// decode draw on one budget that grows with the input read, and a large
+// decode draw on the memory budget, which grows with the input read, and a large
 // value is converted once however many entries refer to it through the
 // memo, so the work stays in proportion to the input. A container is
 // taken as it is when an entry first refers to it.
@@ -376,18 +389,16 @@ func (d *decoder) otherValue(v Value) (any, string, error) {
 	if c, ok := d.otherCache[v]; ok {
 		return c.x, c.tok, c.err
 	}
-	start := budgetFor(d) - d.otherSpent
-	budget := start
-	x, err := d.toAny(v, 1, &budget)
+	before := d.mem
+	x, err := d.toAny(v, 1)
 	var tok []byte
 	if err == nil {
-		tok, err = d.canon(nil, v, &budget)
+		tok, err = d.canon(nil, v)
 	}
-	d.otherSpent += start - budget
 	if err != nil {
 		x, tok = nil, nil
 	}
-	if start-budget <= otherCached && err == nil {
+	if d.mem-before <= otherCached*anySize && err == nil {
 		return x, string(tok), nil
 	}
 	c := otherConv{x: x, err: err}
@@ -419,8 +430,8 @@ func (d *decoder) otherValue(v Value) (any, string, error) {
 // encodings convert to equal values. Strings, stacks and frames are
 // their interned indices, so the encoding is a few bytes per value
 // however long the strings are.
-func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
-	if *budget--; *budget < 0 {
+func (d *decoder) canon(b []byte, v Value) ([]byte, error) {
+	if d.charge(8); d.over != nil {
 		return nil, errTooLarge
 	}
 	switch v.kind {
@@ -430,7 +441,7 @@ func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
 		return binary.AppendUvarint(append(b, 'a'+byte(v.kind)), v.bits), nil
 	case kBig:
 		words := v.obj.big.Bits()
-		if *budget -= len(words) / 2; *budget < 0 {
+		if d.charge(8 * len(words)); d.over != nil {
 			return nil, errTooLarge
 		}
 		b = append(b, 'B', byte('0'+v.obj.big.Sign()+1))
@@ -446,7 +457,7 @@ func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
 		b = binary.AppendUvarint(append(b, 'a'+byte(v.kind)), uint64(len(v.obj.items)))
 		var err error
 		for _, it := range v.obj.items {
-			if b, err = d.canon(b, it, budget); err != nil {
+			if b, err = d.canon(b, it); err != nil {
 				return nil, err
 			}
 		}
@@ -461,10 +472,10 @@ func (d *decoder) canon(b []byte, v Value, budget *int) ([]byte, error) {
 		}
 		b = binary.AppendUvarint(append(b, 'D'), uint64(len(pairs)))
 		for _, p := range pairs {
-			if b, err = d.canon(b, items[p[0]], budget); err != nil {
+			if b, err = d.canon(b, items[p[0]]); err != nil {
 				return nil, err
 			}
-			if b, err = d.canon(b, items[p[1]], budget); err != nil {
+			if b, err = d.canon(b, items[p[1]]); err != nil {
 				return nil, err
 			}
 		}
@@ -506,6 +517,7 @@ func (d *decoder) internStack(v Value) Value {
 		for i := range st {
 			st[i] = d.frames[binary.LittleEndian.Uint32(key[4*i:])]
 		}
+		d.charge(len(st)*frameSize + len(key) + 2*mapEntry)
 		d.stacks = append(d.stacks, st)
 		id = gpu.StackID(len(d.stacks))
 		d.stackIdx[string(key)] = id
@@ -587,12 +599,13 @@ func (d *decoder) internFrame(o *object) (Value, bool) {
 			if err != nil {
 				return Value{}, false
 			}
-			if d.otherSpent += len(extra) / 16; d.otherSpent > budgetFor(d) {
+			if d.charge(len(extra)); d.over != nil {
 				return Value{}, false
 			}
 			f.Extra = extra
 		}
 		idx = uint32(len(d.frames))
+		d.charge(frameSize + mapEntry)
 		d.frames = append(d.frames, f)
 		d.frameIdx[k] = idx
 	}
@@ -617,7 +630,7 @@ func (d *decoder) internForm(keys []string, other Dict) *Form {
 }
 
 // eventsAny turns an event list back into trace entry dicts.
-func (d *decoder) eventsAny(el *eventList, budget *int) (any, error) {
+func (d *decoder) eventsAny(el *eventList) (any, error) {
 	out := make([]any, len(el.events))
 	stack := func(id gpu.StackID) gpu.Stack {
 		if id == 0 {
@@ -626,7 +639,7 @@ func (d *decoder) eventsAny(el *eventList, budget *int) (any, error) {
 		return d.stacks[id-1]
 	}
 	for i := range el.events {
-		if *budget -= 8; *budget < 0 {
+		if d.charge(8 * mapEntry); d.over != nil {
 			return nil, errTooLarge
 		}
 		var x *EventExtra

@@ -153,9 +153,9 @@ func TestUnknownValuesShareOneBudget(t *testing.T) {
 	})
 	var err error
 	grew := allocated(func() { _, err = Decode(bytes.NewReader(in)) })
-	var se *StructureError
-	if !errors.As(err, &se) || !strings.Contains(err.Error(), "expands to more values") {
-		t.Fatalf("got %v, want a StructureError that the data expands", err)
+	var le *LimitError
+	if !errors.As(err, &le) || !strings.Contains(err.Error(), "expands to more values") {
+		t.Fatalf("got %v, want a LimitError that the data expands", err)
 	}
 	if grew > 64<<20 {
 		t.Errorf("%d bytes of input allocated %d MiB", len(in), grew>>20)

@@ -46,6 +46,9 @@ type Trace struct {
 	// Mismatches are the events that did not fit the layout when undone
 	// or replayed, and where the replay ended apart from the snapshot.
 	Mismatches []gpu.MismatchError
+	// Dropped are the events left out of Events (they did not fit), in
+	// order, with why.
+	Dropped []gpu.DroppedEvent
 	// Warnings are file-level oddities that were clamped, not refused.
 	Warnings []string
 }

@@ -10,20 +10,31 @@ import (
 // deriveInitial finds the initial layout by undoing the events from the final
 // one, last to first, then applies them forward from it to learn each
 // event's block size. An event that does not fit is recorded in
-// Mismatches and left out of Events, so what is stored replays cleanly;
-// the rest carry on.
-func (t *Trace) deriveInitial() {
+// Mismatches and Dropped and left out of Events, so what is stored replays cleanly;
+// the rest carry on. It stops with canceled's error when that has one
+// (looked at every checkEvery events).
+func (t *Trace) deriveInitial(canceled func() error) error {
 	l := t.Final.Clone()
-	undone := make(map[int64]bool)
+	undone := make(map[int64]int) // seq: its mismatch's index
 	for i := len(t.Events) - 1; i >= 0; i-- {
+		if i%checkEvery == 0 {
+			if err := canceled(); err != nil {
+				return err
+			}
+		}
 		if err := l.Undo(t.Events[i]); err != nil {
 			t.mismatch(t.Events[i], "undo", err)
-			undone[t.Events[i].Seq] = true
+			undone[t.Events[i].Seq] = len(t.Mismatches) - 1
 		}
 	}
 	t.Initial = l.Clone()
 	dropped := map[int]bool{}
 	for i := range t.Events {
+		if i%checkEvery == 0 {
+			if err := canceled(); err != nil {
+				return err
+			}
+		}
 		e := &t.Events[i]
 		if e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted {
 			if b := l.BlockAt(e.Addr); b != nil && b.Addr == e.Addr {
@@ -32,9 +43,12 @@ func (t *Trace) deriveInitial() {
 		}
 		err := l.Apply(*e)
 		if err != nil {
-			if !undone[e.Seq] {
+			m, ok := undone[e.Seq]
+			if !ok {
 				t.mismatch(*e, "replay", err)
+				m = len(t.Mismatches) - 1
 			}
+			t.Dropped = append(t.Dropped, gpu.DroppedEvent{Seq: e.Seq, Reason: t.Mismatches[m].Reason})
 			dropped[i] = true
 			continue
 		}
@@ -46,6 +60,7 @@ func (t *Trace) deriveInitial() {
 	}
 	t.adoptSeqs(l)
 	t.drop(dropped)
+	return nil
 }
 
 // drop removes the events at the given indexes (they keep their Seq, so

@@ -13,6 +13,8 @@ package pytorch
 // nothing from the file is ever executed.
 
 import (
+	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,6 +24,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"vramscope/gpu"
 )
@@ -31,7 +34,6 @@ import (
 const (
 	maxDepth     = 1000    // open MARKs, and nesting of values converted to Go
 	maxStack     = 1 << 24 // values on the pickle stack
-	maxStrLen    = 1 << 30 // one str or bytes value
 	maxLongBytes = 1 << 16 // one LONG1/LONG4 integer
 	maxMemoGap   = 1 << 16 // BINPUT beyond the memo's end by more than this goes to a map
 	memoSlack    = 1 << 10 // memo slots allowed beyond the input bytes read so far
@@ -111,10 +113,23 @@ func (e *Error) Unwrap() error { return e.Err }
 // ErrRefused is wrapped by errors for opcodes that would import or call code.
 var ErrRefused = errors.New("refused: the opcode imports or calls Python code, and snapshots are plain data")
 
+// Sizes of what the memory budget counts.
+const (
+	valueSize  = int(unsafe.Sizeof(Value{}))
+	objectSize = int(unsafe.Sizeof(object{}))
+	eventSize  = int(unsafe.Sizeof(gpu.Event{}))
+	frameSize  = int(unsafe.Sizeof(gpu.Frame{}))
+	mapEntry   = 48 // a map entry's share of its table, about
+)
+
 // decoder holds the pickle machine and the tables built while decoding.
 type decoder struct {
 	in       input
 	jsonRead int64 // bytes the JSON decoder has read, when the input is JSON
+	ctx      context.Context
+	mem      int64       // bytes of decoded data held (charge, credit)
+	peak     int64       // the most mem has been
+	over     *LimitError // set once mem passed the budget
 	stack    []Value
 	marks    []int
 	memo     []Value
@@ -141,7 +156,6 @@ type decoder struct {
 	wideLines int // frame lines beyond 64 bits, clamped
 
 	// values of trace-entry keys this package does not know
-	otherSpent int                 // budget spent converting them, across all entries
 	otherCache map[Value]otherConv // large ones, converted once
 	otherIDs   map[string]uint32   // canonical encodings of the large ones
 	otherXs    []any               // the large ones converted, by id
@@ -187,8 +201,11 @@ func (d *decoder) intern(b []byte) uint32 {
 	}
 	s := string(b)
 	i := uint32(len(d.strs))
+	old := cap(d.strs)
 	d.strs = append(d.strs, s)
+	d.grew(old, cap(d.strs), 16)
 	d.strIdx[s] = i
+	d.charge(len(s) + mapEntry)
 	return i
 }
 
@@ -196,7 +213,9 @@ func (d *decoder) push(v Value) error {
 	if len(d.stack) >= maxStack {
 		return fmt.Errorf("more than %d values on the stack", maxStack)
 	}
+	old := cap(d.stack)
 	d.stack = append(d.stack, v)
+	d.grew(old, cap(d.stack), valueSize)
 	return nil
 }
 
@@ -213,6 +232,7 @@ func (d *decoder) popMark() ([]Value, bool) {
 }
 
 func (d *decoder) newObj(k kind, items []Value) Value {
+	d.charge(objectSize + cap(items)*valueSize)
 	return Value{kind: k, obj: &object{items: items, memo: -1}}
 }
 
@@ -236,8 +256,10 @@ func (d *decoder) memoPut(idx uint64, v Value) {
 	switch {
 	case idx < n:
 		d.memo[idx] = v
-	case idx < n+maxMemoGap && idx < uint64(d.in.offset())+memoSlack:
+	case idx < n+maxMemoGap && idx < uint64(d.read())+memoSlack:
+		old := cap(d.memo)
 		d.memo = slices.Grow(d.memo, int(idx+1-n))
+		d.grew(old, cap(d.memo), valueSize)
 		d.memo = d.memo[:idx+1]
 		clear(d.memo[n:idx])
 		d.memo[idx] = v
@@ -246,6 +268,7 @@ func (d *decoder) memoPut(idx uint64, v Value) {
 			d.far = map[uint64]Value{}
 		}
 		d.far[idx] = v
+		d.charge(valueSize + mapEntry)
 		if v.obj != nil {
 			v.obj.memo = memoFar
 		}
@@ -270,6 +293,7 @@ func (d *decoder) memoGet(idx uint64) (Value, bool) {
 // stops holding the original container alive.
 func (d *decoder) replaceMemo(o *object, with Value) {
 	o.conv = with
+	d.credit(cap(o.items) * valueSize)
 	o.items = nil
 	if o.memo >= 0 && o.memo < len(d.memo) && d.memo[o.memo].obj == o {
 		d.memo[o.memo] = with
@@ -292,7 +316,11 @@ func (d *decoder) unpickle() (Value, error) {
 			}
 			op = b[0]
 		}
-		if err := d.step(op, at); err != nil {
+		err := d.step(op, at)
+		if err == nil && d.over != nil {
+			err = d.over
+		}
+		if err != nil {
 			if err == errStop {
 				if len(d.stack) != 1 || len(d.marks) != 0 {
 					return Value{}, d.fail(at, "STOP with %d values and %d marks on the stack, want 1 and 0", len(d.stack), len(d.marks))
@@ -300,7 +328,8 @@ func (d *decoder) unpickle() (Value, error) {
 				return d.stack[0], nil
 			}
 			var de *Error
-			if errors.As(err, &de) {
+			var le *LimitError
+			if errors.As(err, &de) || errors.As(err, &le) {
 				return Value{}, err
 			}
 			return Value{}, d.fail(at, "%s: %v", opName(op), err)
@@ -310,11 +339,17 @@ func (d *decoder) unpickle() (Value, error) {
 
 var errStop = errors.New("stop")
 
+// truncated reports a read that failed: the input ended, or the reader
+// failed (a size limit, a client gone, a time budget), which is wrapped.
 func (d *decoder) truncated(at int64, what string, err error) error {
 	if err == io.EOF || err == io.ErrUnexpectedEOF {
 		return d.fail(at, "input ends inside %s (truncated file)", what)
 	}
-	return d.fail(at, "reading %s: %v", what, err)
+	var le *LimitError
+	if errors.As(err, &le) {
+		return le
+	}
+	return &Error{Offset: at, Msg: fmt.Sprintf("reading %s: %v", what, err), Err: err}
 }
 
 // arg reads n argument bytes of the opcode at offset at.
@@ -469,6 +504,7 @@ func (d *decoder) step(op byte, at int64) error {
 			return d.push(v)
 		}
 		v.obj.items = append([]Value(nil), items...)
+		d.charge(cap(v.obj.items) * valueSize)
 		return d.push(v)
 	case opDict:
 		items, ok := d.popMark()
@@ -611,13 +647,17 @@ func (d *decoder) long(b []byte) Value {
 	if x.IsUint64() {
 		return Value{kind: kUint, bits: x.Uint64()}
 	}
+	d.charge(objectSize + n)
 	return Value{kind: kBig, obj: &object{big: x, memo: -1}}
 }
 
 func (d *decoder) str(op byte, at int64, w int) error {
-	n, err := d.length(w, op, at, maxStrLen)
+	n, err := d.length(w, op, at, math.MaxInt64)
 	if err != nil {
 		return err
+	}
+	if n > MaxString {
+		return d.tooLong(op, at, n)
 	}
 	b, err := d.arg(n, op, at)
 	if err != nil {
@@ -630,9 +670,27 @@ func (d *decoder) str(op byte, at int64, w int) error {
 	return d.push(Value{kind: k, bits: uint64(d.intern(b))})
 }
 
+// tooLong refuses a string longer than MaxString.
+func (d *decoder) tooLong(op byte, at int64, n int) error {
+	return d.fail(at, "%s declares a string of %d bytes or more, more than the limit of %d for one string (frame names, file names and other strings of a snapshot are far shorter)", opName(op), n, MaxString)
+}
+
 // text handles the protocol 0/1 opcodes whose argument is a line.
 func (d *decoder) text(op byte, at int64) error {
-	line, err := d.in.line(maxStrLen)
+	limit := maxNumberLine
+	switch op {
+	case opUnicode:
+		limit = MaxString
+	case opInt, opLong:
+		limit = maxIntDigits + 2 // a sign, and LONG's trailing L
+	}
+	line, err := d.in.line(limit)
+	if errors.Is(err, errLongLine) {
+		if op == opUnicode {
+			return d.tooLong(op, at, limit+1)
+		}
+		return d.fail(at, "%s: a line longer than %d bytes", opName(op), limit)
+	}
 	if err != nil {
 		return d.truncated(at, "the argument of "+opName(op), err)
 	}
@@ -847,7 +905,7 @@ func (in *input) fill(n int) error {
 			return in.err
 		}
 		if len(in.buf) == cap(in.buf) {
-			grown := make([]byte, len(in.buf), min(2*cap(in.buf)+4096, max(n, 64<<10)))
+			grown := make([]byte, len(in.buf), 2*cap(in.buf)+4096)
 			copy(grown, in.buf)
 			in.buf = grown
 		}
@@ -860,21 +918,28 @@ func (in *input) fill(n int) error {
 	return nil
 }
 
-// line reads up to and without a newline.
+var errLongLine = errors.New("line too long")
+
+// line reads up to and without a newline of at most limit bytes. Each byte
+// is looked at once: a long line costs time in proportion to its length.
 func (in *input) line(limit int) ([]byte, error) {
-	for i := 0; ; i++ {
-		if in.pos+i >= len(in.buf) {
-			if i > limit {
-				return nil, fmt.Errorf("line longer than %d bytes", limit)
+	seen := 0 // bytes after pos known not to be a newline
+	for {
+		if i := bytes.IndexByte(in.buf[in.pos+seen:], '\n'); i >= 0 {
+			n := seen + i
+			if n > limit {
+				return nil, errLongLine
 			}
-			if err := in.fill(i + 1); err != nil {
-				return nil, err
-			}
-		}
-		if in.buf[in.pos+i] == '\n' {
-			b := in.buf[in.pos : in.pos+i]
-			in.pos += i + 1
+			b := in.buf[in.pos : in.pos+n]
+			in.pos += n + 1
 			return b, nil
+		}
+		seen = len(in.buf) - in.pos
+		if seen > limit {
+			return nil, errLongLine
+		}
+		if err := in.fill(seen + 1); err != nil {
+			return nil, err
 		}
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/big"
+	"unsafe"
 
 	"vramscope/gpu"
 )
@@ -135,15 +136,19 @@ func (d Dict) MarshalJSON() ([]byte, error) {
 	return append(b, '}'), nil
 }
 
-// errTooLarge is returned when a value expands beyond the budget: shared
-// memo references can make a small file describe a huge tree.
+// errTooLarge is returned when a value expands beyond the memory budget:
+// shared memo references can make a small file describe a huge tree.
 var errTooLarge = fmt.Errorf("the data expands to more values than the file can hold (shared references)")
 
+// anySize is what one converted value costs, about: a boxed scalar or a
+// string header; containers add their backing arrays.
+const anySize = 16
+
 // toAny turns a Value into plain Go values: nil, bool, int64, uint64,
-// *big.Int, float64, string, []byte, []any, Tuple, Dict. budget bounds the
-// nodes made.
-func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
-	if *budget--; *budget < 0 {
+// *big.Int, float64, string, []byte, []any, Tuple, Dict. The nodes made
+// are charged to the memory budget.
+func (d *decoder) toAny(v Value, depth int) (any, error) {
+	if d.charge(anySize); d.over != nil {
 		return nil, errTooLarge
 	}
 	if depth > maxDepth {
@@ -160,7 +165,7 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 		return v.bits, nil
 	case kBig:
 		// A copy, like bytes below: charged by its size.
-		if *budget -= len(v.obj.big.Bits()) / 2; *budget < 0 {
+		if d.charge(8 * len(v.obj.big.Bits())); d.over != nil {
 			return nil, errTooLarge
 		}
 		return new(big.Int).Set(v.obj.big), nil
@@ -169,14 +174,17 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 	case kStr:
 		return d.strs[v.bits], nil
 	case kBytes:
-		// Each reference is a copy: charged as one value per 16 bytes.
-		if *budget -= len(d.strs[v.bits]) / 16; *budget < 0 {
+		// Each reference is a copy: charged by its size.
+		if d.charge(len(d.strs[v.bits])); d.over != nil {
 			return nil, errTooLarge
 		}
 		return []byte(d.strs[v.bits]), nil
 	case kStack:
 		if v.bits == 0 {
 			return []any{}, nil
+		}
+		if d.charge(4 * mapEntry * len(d.stacks[v.bits-1])); d.over != nil {
+			return nil, errTooLarge
 		}
 		return stackAny(d.stacks[v.bits-1]), nil
 	case kFrame:
@@ -185,11 +193,14 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 		return nil, fmt.Errorf("a trace entry is referenced twice")
 	case kList, kTuple:
 		if v.obj.events != nil {
-			return d.eventsAny(v.obj.events, budget)
+			return d.eventsAny(v.obj.events)
+		}
+		if d.charge(anySize * len(v.obj.items)); d.over != nil {
+			return nil, errTooLarge
 		}
 		out := make([]any, len(v.obj.items))
 		for i, it := range v.obj.items {
-			x, err := d.toAny(it, depth+1, budget)
+			x, err := d.toAny(it, depth+1)
 			if err != nil {
 				return nil, err
 			}
@@ -205,13 +216,16 @@ func (d *decoder) toAny(v Value, depth int, budget *int) (any, error) {
 		if err != nil {
 			return nil, err
 		}
+		if d.charge(int(unsafe.Sizeof(KV{})) * len(pairs)); d.over != nil {
+			return nil, errTooLarge
+		}
 		m := make(Dict, len(pairs))
 		for i, p := range pairs {
-			k, err := d.toAny(items[p[0]], depth+1, budget)
+			k, err := d.toAny(items[p[0]], depth+1)
 			if err != nil {
 				return nil, err
 			}
-			x, err := d.toAny(items[p[1]], depth+1, budget)
+			x, err := d.toAny(items[p[1]], depth+1)
 			if err != nil {
 				return nil, err
 			}

@@ -1,19 +1,33 @@
 package server
 
 import (
+	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/gpu"
+	"vramscope/store"
 )
 
 // maxEvents caps one events answer; clients page with from/to.
 const maxEvents = 10000
 
+// apiTraces lists the traces a page at a time: limit (100, at most 1000)
+// from offset, sorted and filtered as the list page is (listQuery).
 func (s *Server) apiTraces(w http.ResponseWriter, r *http.Request) {
-	ts, err := s.opt.DB.Traces()
+	p := &params{r: r}
+	q := listQuery(p)
+	q.Limit = int(p.intIn("limit", 100, 1, 1000))
+	q.Offset = int(p.intIn("offset", 0, 0, 1<<40))
+	if !p.check(w) {
+		return
+	}
+	ts, total, err := s.opt.DB.TraceList(q)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -21,21 +35,41 @@ func (s *Server) apiTraces(w http.ResponseWriter, r *http.Request) {
 	if ts == nil {
 		ts = []gpu.Trace{}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"traces": ts})
+	writeJSON(w, http.StatusOK, map[string]any{"traces": ts, "total": total, "offset": q.Offset, "limit": q.Limit})
 }
 
-func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
-	id := chi.URLParam(r, "id")
-	if err := s.opt.DB.DeleteTrace(id); err != nil {
-		if _, terr := s.opt.DB.Trace(id); terr == nil {
-			// The trace exists but may not go (it is being written).
-			writeError(w, http.StatusConflict, "%v", err)
-			return
-		}
-		s.storeError(w, r, err)
-		return
+// listQuery reads the list's filters (name: part of it; source; status)
+// and order (sort: a store.ListSorts key; order: asc or desc).
+func listQuery(p *params) store.ListQuery {
+	v := p.r.URL.Query()
+	q := store.ListQuery{Name: v.Get("name"), Source: gpu.TraceSource(v.Get("source")), Status: gpu.TraceStatus(v.Get("status")), Sort: v.Get("sort")}
+	if _, ok := store.ListSorts[q.Sort]; q.Sort != "" && !ok {
+		p.fail("sort", "%q is not one of %s", q.Sort, strings.Join(slices.Sorted(maps.Keys(store.ListSorts)), ", "))
 	}
-	w.WriteHeader(http.StatusNoContent)
+	switch o := v.Get("order"); o {
+	case "asc":
+		q.Asc = true
+	case "", "desc":
+	default:
+		p.fail("order", "%q is not asc or desc", o)
+	}
+	return q
+}
+
+// apiDeleteTrace removes a trace: 409 while it is being written, 507 when
+// even the reserve left no room to delete on a full disk.
+func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
+	err := s.opt.DB.DeleteTrace(chi.URLParam(r, "id"))
+	switch {
+	case err == nil:
+		w.WriteHeader(http.StatusNoContent)
+	case errors.Is(err, store.ErrBusy):
+		writeError(w, http.StatusConflict, "%v", err)
+	case errors.Is(err, store.ErrDiskFull):
+		writeError(w, http.StatusInsufficientStorage, "deleting: %v; the trace is hidden and its rows go when the server next starts with some room", err)
+	default:
+		s.storeError(w, r, err)
+	}
 }
 
 // usageJSON is a usage timeline in columns: bucket i starts at

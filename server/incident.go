@@ -9,6 +9,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 	"vramscope/incident"
 	"vramscope/store"
 	"vramscope/web"
@@ -109,6 +110,12 @@ func (s *Server) whatIf(w http.ResponseWriter, r *http.Request, id string, fill 
 	t, err := s.opt.DB.Trace(id)
 	if err != nil {
 		s.storeError(w, r, err)
+		return
+	}
+	// Imports check settings; a database from before they did may hold
+	// some no replay can run under.
+	if _, err := caching.ParseConfig(t.Settings); err != nil {
+		writeError(w, http.StatusUnprocessableEntity, "this trace's allocator settings %q do not parse, so no what-if can run: %v", t.Settings, err)
 		return
 	}
 	j := s.whatifs.WhatIf(id, t.LastSeq)

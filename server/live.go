@@ -14,7 +14,9 @@ import (
 // must sit outside the timeout and compression middleware, and the Python
 // helper a PyTorch job imports.
 func (s *Server) mountLive(r chi.Router) {
-	hub := live.NewHub(s.opt.DB, live.Options{Logger: s.log})
+	lo := s.opt.Live
+	lo.Logger = s.log
+	hub := live.NewHub(s.opt.DB, lo)
 	s.hub = hub
 	ingest := s.requireToken(http.HandlerFunc(hub.ServeIngest))
 	if s.opt.Token == "" && !Loopback(s.opt.Addr) {

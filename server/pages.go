@@ -23,13 +23,27 @@ func render(w http.ResponseWriter, r *http.Request, status int, c templ.Componen
 	c.Render(r.Context(), w)
 }
 
+// listPer is how many traces a page of the list shows.
+const listPer = 50
+
+// pageList is the trace list, a page at a time (?page=N), sorted and
+// filtered as apiTraces is.
 func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
-	ts, err := s.opt.DB.Traces()
+	p := &params{r: r}
+	q := listQuery(p)
+	n := int(p.intIn("page", 1, 1, 1<<30))
+	if p.err != nil {
+		render(w, r, http.StatusBadRequest, web.NotFound(page("Bad request"), p.err.Error()))
+		return
+	}
+	q.Limit, q.Offset = listPer, (n-1)*listPer
+	ts, total, err := s.opt.DB.TraceList(q)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
-	render(w, r, http.StatusOK, web.TraceList(page("Traces"), ts))
+	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Total: total, Page: n, Per: listPer,
+		Name: q.Name, Source: string(q.Source), Status: string(q.Status), Sort: q.Sort, Asc: q.Asc}))
 }
 
 // pageTrace is the trace view: a frame that view.js fills from the API.

@@ -62,9 +62,10 @@ func localView(raw, id string) (string, error) {
 	return out, nil
 }
 
-// apiCreatePermalink stores the view in the body under a new token. A
-// permalink names a view of data every reader already sees, so it needs no
-// token; the JSON content type keeps other sites' forms from posting one.
+// apiCreatePermalink stores the view in the body under a new token. It
+// writes to the database, so it needs the token where writes do, and a
+// client may make only so many a minute; the JSON content type keeps
+// other sites' forms from posting one.
 func (s *Server) apiCreatePermalink(w http.ResponseWriter, r *http.Request) {
 	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
 		writeError(w, http.StatusUnsupportedMediaType, "send the view as application/json: {\"trace\": ID, \"url\": \"/traces/ID?...\"}")

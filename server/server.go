@@ -14,6 +14,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
+	"github.com/go-chi/httprate"
 
 	"vramscope/store"
 )
@@ -27,12 +28,36 @@ type Options struct {
 	Token string
 	// MaxUploadBytes caps a snapshot upload; DefaultMaxUpload when zero.
 	MaxUploadBytes int64
+	// MaxDecompressedBytes caps an upload once decompressed;
+	// MaxUploadBytes when zero, so a gzip can cost no more than the
+	// largest upload that is not compressed.
+	MaxDecompressedBytes int64
+	// UploadTimeout is the time budget of decoding and storing one
+	// upload (DefaultUploadTimeout when zero).
+	UploadTimeout time.Duration
+	// AllowedHosts are Host names a server on loopback answers besides
+	// loopback names and addresses.
+	AllowedHosts []string
+	// Timeouts for slow or idle clients.
+	Timeouts Timeouts
+	// Live limits live ingest (message size, connections, expiry of
+	// traces that never got an event).
+	Live live.Options
 	// Logger gets one line per request; slog.Default() when nil.
 	Logger *slog.Logger
 }
 
 // DefaultMaxUpload is the upload cap when Options.MaxUploadBytes is zero.
 const DefaultMaxUpload = 2 << 30
+
+// DefaultUploadTimeout is Options.UploadTimeout when zero.
+const DefaultUploadTimeout = 10 * time.Minute
+
+// Permalinks a client may make per permalinkWindow.
+const (
+	permalinkRate   = 30
+	permalinkWindow = time.Minute
+)
 
 // requestTimeout bounds every request but uploads and websockets.
 const requestTimeout = 30 * time.Second
@@ -60,13 +85,20 @@ func New(opt Options) *Server {
 	if opt.MaxUploadBytes <= 0 {
 		opt.MaxUploadBytes = DefaultMaxUpload
 	}
+	if opt.MaxDecompressedBytes <= 0 {
+		opt.MaxDecompressedBytes = opt.MaxUploadBytes
+	}
+	if opt.UploadTimeout <= 0 {
+		opt.UploadTimeout = DefaultUploadTimeout
+	}
+	opt.Timeouts.defaults()
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
 	s := &Server{opt: opt, log: opt.Logger, replaySlots: make(chan struct{}, 1), whatifWait: whatifWait}
 	s.whatifs = incident.NewJobs(opt.DB, 16, s.replaySlots)
 	r := chi.NewRouter()
-	r.Use(middleware.RequestID, s.logRequests, s.recoverPanics, securityHeaders, sameOrigin)
+	r.Use(s.deadlines, middleware.RequestID, s.logRequests, s.recoverPanics, s.allowHosts, securityHeaders, sameOrigin)
 
 	r.Group(func(r chi.Router) {
 		r.Use(middleware.Timeout(requestTimeout))
@@ -76,7 +108,10 @@ func New(opt Options) *Server {
 		r.Get("/traces/{id}", s.pageTrace)
 		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
 		r.Get("/p/{token}", s.pagePermalink)
-		r.Post("/api/permalinks", s.apiCreatePermalink)
+		r.With(s.requireToken, httprate.LimitBy(permalinkRate, permalinkWindow, clientIP,
+			httprate.WithLimitHandler(func(w http.ResponseWriter, _ *http.Request) {
+				writeError(w, http.StatusTooManyRequests, "more than %d permalinks a %s from this client: wait a little", permalinkRate, permalinkWindow)
+			}))).Post("/api/permalinks", s.apiCreatePermalink)
 		r.Get("/static/{version}/{name}", s.static)
 		r.Get("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 		r.Route("/api/traces", func(r chi.Router) {
@@ -113,6 +148,17 @@ func New(opt Options) *Server {
 	return s
 }
 
+// clientIP keys the permalink rate limit: the connection's peer address
+// (vramscope serves clients directly; a header could be forged), IPv6 by
+// its /64.
+func clientIP(r *http.Request) (string, error) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		host = r.RemoteAddr
+	}
+	return httprate.CanonicalizeIP(host), nil
+}
+
 // Handler returns the server's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }
 
@@ -123,7 +169,9 @@ func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) 
 	if err != nil {
 		return err
 	}
-	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second,
+	// Bodies and answers have their deadlines set per request (deadlines),
+	// so uploads and websockets can take the time they need.
+	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.opt.Timeouts.Idle,
 		ErrorLog: slog.NewLogLogger(s.log.Handler(), slog.LevelWarn)}
 	if ready != nil {
 		ready(ln.Addr())

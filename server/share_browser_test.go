@@ -14,6 +14,7 @@ import (
 	"vramscope/incident"
 	"vramscope/ingest"
 	"vramscope/internal/testkit"
+	"vramscope/pytorch"
 	"vramscope/tracer"
 )
 
@@ -178,7 +179,7 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 	}
 	defer f.Close()
 	db := testkit.OpenDB(t)
-	ids, err := ingest.Snapshot(db, f, "oom_nonexpandable.json")
+	ids, err := ingest.Snapshot(db, f, "oom_nonexpandable.json", pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +223,7 @@ func TestBrowserMemoryNeeded(t *testing.T) {
 	}
 	defer f.Close()
 	db := testkit.OpenDB(t)
-	ids, err := ingest.Snapshot(db, f, "no_time_us_segment_churn.pickle")
+	ids, err := ingest.Snapshot(db, f, "no_time_us_segment_churn.pickle", pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

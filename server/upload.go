@@ -1,16 +1,21 @@
 package server
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"mime/multipart"
 	"net/http"
 	"path"
 	"strings"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/ingest"
+	"vramscope/pytorch"
+	"vramscope/store"
 )
 
 type uploadJSON struct {
@@ -18,39 +23,57 @@ type uploadJSON struct {
 	URL    string      `json:"url"`
 }
 
+// errUploadTime is the cause of an upload that ran out of its time budget.
+var errUploadTime = errors.New("the upload took longer than the server's time budget")
+
+// storeRatio is about how many bytes of database a snapshot byte becomes,
+// rounded up: an upload is refused at once when the disk clearly has not
+// that room.
+const storeRatio = 2
+
 // apiUpload takes a snapshot as the raw body (name from ?name= or the
 // X-Filename header) or as the first file of a multipart form (curl -F).
+// Decoding and storing it run within the decompressed-bytes cap and the
+// time budget, and stop when the client goes away.
 func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	if r.ContentLength > s.opt.MaxUploadBytes {
 		writeError(w, http.StatusRequestEntityTooLarge, "the upload (%d bytes) is larger than this server accepts (%d bytes)", r.ContentLength, s.opt.MaxUploadBytes)
 		return
 	}
-	r.Body = http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes)
+	if free, err := s.opt.DB.FreeSpace(); err == nil && (free < minFreeSpace || r.ContentLength > 0 && uint64(r.ContentLength)*storeRatio > free) {
+		writeError(w, http.StatusInsufficientStorage, "the disk holding the database has %d bytes free, too few to store this upload: delete traces or free space", free)
+		return
+	}
+	ctx, cancel := context.WithTimeoutCause(r.Context(), s.opt.UploadTimeout, errUploadTime)
+	defer cancel()
+	body := readAhead(ctx, http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes))
+	defer body.stop(http.NewResponseController(w))
 	name := r.URL.Query().Get("name")
 	if name == "" {
 		name = r.Header.Get("X-Filename")
 	}
-	var body io.Reader = r.Body
+	var in io.Reader = body
 	if mt, mp, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && strings.HasPrefix(mt, "multipart/") {
-		part, err := firstFile(multipart.NewReader(r.Body, mp["boundary"]))
+		part, err := firstFile(multipart.NewReader(body, mp["boundary"]))
 		if err != nil {
-			s.uploadError(w, r, err)
+			s.uploadError(w, r, ctx, err)
 			return
 		}
 		if name == "" {
 			name = part.FileName()
 		}
-		body = part
+		in = part
 	}
 	name = path.Base(strings.ReplaceAll(name, `\`, "/"))
 	if name == "." || name == "/" {
 		name = "snapshot"
 	}
-	ids, err := ingest.Snapshot(s.opt.DB, body, name)
+	ids, err := ingest.Snapshot(s.opt.DB, in, name, pytorch.Options{Context: ctx, MaxBytes: s.opt.MaxDecompressedBytes})
 	if err != nil {
-		s.uploadError(w, r, err)
+		s.uploadError(w, r, ctx, err)
 		return
 	}
+	s.extendWrite(w)
 	out := uploadJSON{Traces: []gpu.Trace{}}
 	for _, id := range ids {
 		t, err := s.opt.DB.Trace(id)
@@ -74,14 +97,24 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
+// minFreeSpace: below this, uploads are refused at once.
+const minFreeSpace = 64 << 20
+
+// firstFile returns the first file of a form; a form that does not parse
+// is the client's mistake.
 func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 	for {
 		p, err := mr.NextPart()
 		if err == io.EOF {
 			return nil, &ingest.InputError{Err: errors.New("the form holds no file")}
 		}
-		if err != nil {
+		var mbe *http.MaxBytesError
+		var slow *errSlowBody
+		if errors.As(err, &mbe) || errors.As(err, &slow) {
 			return nil, err
+		}
+		if err != nil {
+			return nil, &ingest.InputError{Err: fmt.Errorf("multipart form: %w", err)}
 		}
 		if p.FileName() != "" {
 			return p, nil
@@ -89,16 +122,104 @@ func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 	}
 }
 
-func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, err error) {
+// uploadError answers an upload that failed with its status: 413 for
+// every limit (size on the wire or decompressed, memory, time), 408 for a
+// body too slow, 400 for what the file holds, 507 for a full disk; a
+// client gone gets nothing.
+func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context.Context, err error) {
+	s.extendWrite(w)
 	var mbe *http.MaxBytesError
+	var le *pytorch.LimitError
 	var ie *ingest.InputError
+	var slow *errSlowBody
 	switch {
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, "the upload is larger than this server accepts (%d bytes)", mbe.Limit)
+	case errors.As(err, &le):
+		writeError(w, http.StatusRequestEntityTooLarge, "the snapshot is larger than this server takes: %v", err)
+	case errors.As(err, &slow):
+		writeError(w, http.StatusRequestTimeout, "%v", slow)
+	case errors.Is(context.Cause(ctx), errUploadTime):
+		writeError(w, http.StatusRequestEntityTooLarge, "the snapshot is larger than this server takes: decoding and storing it took longer than %s", s.opt.UploadTimeout)
+	case r.Context().Err() != nil:
+		s.log.Info("upload: the client went away", "err", err)
 	case errors.As(err, &ie):
 		writeError(w, http.StatusBadRequest, "not a usable PyTorch memory snapshot: %v", err)
+	case errors.Is(err, store.ErrDiskFull):
+		writeError(w, http.StatusInsufficientStorage, "storing the snapshot: %v: delete traces or free space", err)
 	default:
 		s.log.Error("upload", "err", err)
 		writeError(w, http.StatusInternalServerError, "storing the snapshot: %v", err)
 	}
+}
+
+// aheadReader reads a request body ahead of its consumer, a few chunks at
+// most. The server learns that a client went away only once it has read
+// the whole body, and a small gzip can take long to decode: reading ahead
+// gets to the end of such a body at once.
+type aheadReader struct {
+	chunks chan []byte
+	cur    []byte
+	err    error // set before chunks is closed
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// aheadChunks and aheadChunk bound what is read ahead (4 MiB).
+const aheadChunks, aheadChunk = 64, 64 << 10
+
+func readAhead(ctx context.Context, r io.Reader) *aheadReader {
+	ctx, cancel := context.WithCancel(ctx)
+	a := &aheadReader{chunks: make(chan []byte, aheadChunks), cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(a.done)
+		defer close(a.chunks)
+		for {
+			buf := make([]byte, aheadChunk)
+			n, err := r.Read(buf)
+			if n > 0 {
+				select {
+				case a.chunks <- buf[:n]:
+				case <-ctx.Done():
+					a.err = context.Cause(ctx)
+					return
+				}
+			}
+			if err != nil {
+				a.err = err
+				return
+			}
+		}
+	}()
+	return a
+}
+
+func (a *aheadReader) Read(p []byte) (int, error) {
+	for len(a.cur) == 0 {
+		b, ok := <-a.chunks
+		if !ok {
+			return 0, a.err
+		}
+		a.cur = b
+	}
+	n := copy(p, a.cur)
+	a.cur = a.cur[n:]
+	return n, nil
+}
+
+// stop ends the reading ahead and waits for it, so the body is not read
+// once the handler returns: a read still waiting on the client is cut
+// short through the connection's read deadline, which stays past, so the
+// server drops the connection rather than read the rest of the body.
+func (a *aheadReader) stop(rc *http.ResponseController) {
+	a.cancel()
+	select {
+	case <-a.done:
+		return
+	default:
+	}
+	rc.SetReadDeadline(time.Now())
+	for range a.chunks {
+	}
+	<-a.done
 }

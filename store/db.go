@@ -43,9 +43,11 @@ type DB struct {
 	closeOnce sync.Once
 }
 
-// job is one write transaction run by the writer goroutine.
+// job is one write transaction run by the writer goroutine, or (raw) a
+// statement that must run outside a transaction.
 type job struct {
 	fn    func(tx *sql.Tx) error
+	raw   func(c *sql.DB) error
 	reply chan error // nil: fire and forget, errors go to fail
 	fail  func(error)
 }
@@ -55,22 +57,23 @@ func dsn(path string, params string) string {
 }
 
 // Open opens (creating if needed) the database at path, brings its schema up
-// to date and marks live traces whose writing process is gone incomplete.
+// to date and finishes what a process that died left: its live traces are
+// marked incomplete, its unfinished imports and deletes removed. Opening
+// needs no free space: on a full disk it gives up the reserve, and tidying
+// is left for a later open if even that is not enough.
 func Open(path string) (*DB, error) {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	w, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate"))
+	// auto_vacuum takes effect on a new database only; older ones are
+	// converted by enableAutoVacuum when there is room.
+	w, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate&_auto_vacuum=incremental"))
 	if err != nil {
 		return nil, err
 	}
 	w.SetMaxOpenConns(1)
 	w.SetMaxIdleConns(1)
 	w.SetConnMaxLifetime(0)
-	if err := migrate(w); err != nil {
-		w.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
-	}
 	r, err := sql.Open("sqlite3", dsn(path, "mode=ro&_busy_timeout=5000"))
 	if err != nil {
 		w.Close()
@@ -79,13 +82,38 @@ func Open(path string) (*DB, error) {
 	r.SetMaxOpenConns(max(4, runtime.NumCPU()))
 	r.SetMaxIdleConns(max(4, runtime.NumCPU()))
 	db := &DB{path: path, w: w, r: r, jobs: make(chan job, 4), done: make(chan struct{})}
-	if err := db.markAbandoned(); err != nil {
+	if err := db.roomy(func() error { return migrate(w) }); err != nil {
 		w.Close()
 		r.Close()
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	db.enableAutoVacuum()
 	go db.writeLoop()
+	if err := db.tidy(); err != nil && !errors.Is(err, ErrDiskFull) {
+		db.Close()
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	db.takeReserve()
 	return db, nil
+}
+
+// enableAutoVacuum turns incremental auto_vacuum on for a database made
+// without it. That takes a VACUUM, which rewrites the whole file: done
+// only when the disk has clearly room for a second copy.
+func (db *DB) enableAutoVacuum() {
+	var mode, pages, size int64
+	if db.w.QueryRow("PRAGMA auto_vacuum").Scan(&mode) != nil || mode == autoVacuumIncremental {
+		return
+	}
+	if db.w.QueryRow("PRAGMA page_count").Scan(&pages) != nil || db.w.QueryRow("PRAGMA page_size").Scan(&size) != nil {
+		return
+	}
+	if free, err := freeSpace(db.path); err != nil || free < uint64(3*pages*size)+4*reserveSize {
+		return
+	}
+	if _, err := db.w.Exec("PRAGMA auto_vacuum = INCREMENTAL"); err == nil {
+		db.w.Exec("VACUUM")
+	}
 }
 
 // Close waits for pending writes and closes the database. Writers still open
@@ -103,7 +131,12 @@ func (db *DB) Close() error {
 func (db *DB) writeLoop() {
 	defer close(db.done)
 	for j := range db.jobs {
-		err := db.runTx(j.fn)
+		var err error
+		if j.raw != nil {
+			err = full(j.raw(db.w))
+		} else {
+			err = db.runTx(j.fn)
+		}
 		if j.reply != nil {
 			j.reply <- err
 		} else if err != nil && j.fail != nil {
@@ -115,35 +148,45 @@ func (db *DB) writeLoop() {
 func (db *DB) runTx(fn func(tx *sql.Tx) error) error {
 	tx, err := db.w.BeginTx(context.Background(), nil)
 	if err != nil {
-		return err
+		return full(err)
 	}
 	if err := fn(tx); err != nil {
 		tx.Rollback()
-		return err
+		return full(err)
 	}
-	return tx.Commit()
+	return full(tx.Commit())
 }
 
+// direct runs fn on the writer's connection, outside a transaction, on the
+// writer goroutine, and waits for it.
+func (db *DB) direct(fn func(c *sql.DB) error) error { return db.wait(job{raw: fn}) }
+
 // write runs fn in a transaction on the writer goroutine and waits for it.
-func (db *DB) write(fn func(tx *sql.Tx) error) (err error) {
-	defer func() {
-		if recover() != nil {
-			err = errors.New("store: database is closed")
-		}
-	}()
+func (db *DB) write(fn func(tx *sql.Tx) error) error { return db.wait(job{fn: fn}) }
+
+// wait queues j and waits for its error.
+func (db *DB) wait(j job) error {
 	reply := make(chan error, 1)
-	db.jobs <- job{fn: fn, reply: reply}
+	j.reply = reply
+	if err := db.queue(j); err != nil {
+		return err
+	}
 	return <-reply
 }
 
 // writeAsync queues fn; fail gets its error.
-func (db *DB) writeAsync(fn func(tx *sql.Tx) error, fail func(error)) (err error) {
+func (db *DB) writeAsync(fn func(tx *sql.Tx) error, fail func(error)) error {
+	return db.queue(job{fn: fn, fail: fail})
+}
+
+// queue hands j to the writer goroutine; after Close it says so.
+func (db *DB) queue(j job) (err error) {
 	defer func() {
 		if recover() != nil {
 			err = errors.New("store: database is closed")
 		}
 	}()
-	db.jobs <- job{fn: fn, fail: fail}
+	db.jobs <- j
 	return nil
 }
 
@@ -232,30 +275,60 @@ var (
 
 func liveKey(path string, tid int64) string { return path + "\x00" + strconv.FormatInt(tid, 10) }
 
-// markAbandoned marks incomplete the live traces whose writing process has
-// gone (killed, crashed, or closed without finishing them).
-func (db *DB) markAbandoned() error {
-	rows, err := db.w.Query("SELECT tid, owner_pid FROM traces WHERE status = ?", string(gpu.StatusLive))
+// tidy finishes what processes that died (or handles closed unfinished)
+// left: their live traces are marked incomplete, their imports removed,
+// and deletes that did not end are taken to the end.
+func (db *DB) tidy() error {
+	var deleting []int64
+	err := db.roomy(func() error {
+		deleting = deleting[:0]
+		return db.write(func(tx *sql.Tx) error {
+			rows, err := tx.Query("SELECT tid, owner_pid, status FROM traces WHERE status IN (?, ?, ?)",
+				string(gpu.StatusLive), statusImporting, statusDeleting)
+			if err != nil {
+				return err
+			}
+			type owned struct {
+				tid, pid int64
+				status   string
+			}
+			var all []owned
+			for rows.Next() {
+				var o owned
+				if err := rows.Scan(&o.tid, &o.pid, &o.status); err != nil {
+					rows.Close()
+					return err
+				}
+				all = append(all, o)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			for _, o := range all {
+				switch {
+				case o.status == statusDeleting:
+					deleting = append(deleting, o.tid)
+				case processAlive(db.path, o.tid, int(o.pid)):
+				case o.status == statusImporting:
+					if _, err := tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, o.tid); err != nil {
+						return err
+					}
+					deleting = append(deleting, o.tid)
+				default:
+					if _, err := tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", string(gpu.StatusIncomplete), o.tid); err != nil {
+						return err
+					}
+				}
+			}
+			return nil
+		})
+	})
 	if err != nil {
 		return err
 	}
-	var dead []int64
-	for rows.Next() {
-		var tid, pid int64
-		if err := rows.Scan(&tid, &pid); err != nil {
-			rows.Close()
-			return err
-		}
-		if !processAlive(db.path, tid, int(pid)) {
-			dead = append(dead, tid)
-		}
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
-		return err
-	}
-	for _, tid := range dead {
-		if _, err := db.w.Exec("UPDATE traces SET status = ? WHERE tid = ? AND status = ?", string(gpu.StatusIncomplete), tid, string(gpu.StatusLive)); err != nil {
+	for _, tid := range deleting {
+		if err := db.remove(tid); err != nil {
 			return err
 		}
 	}

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	"vramscope/gpu"
@@ -14,22 +15,28 @@ import (
 
 const traceCols = `tid, id, name, source, device_ordinal, device_name, capacity, settings, rules, status, event_count,
 	first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us,
-	upload, has_time, peak_seq, peak_us`
+	upload, has_time, peak_seq, peak_us, dropped`
 
 type scanner interface{ Scan(...any) error }
 
 func scanTrace(s scanner) (int64, gpu.Trace, error) {
 	var t gpu.Trace
 	var tid, capacity, pr, pa, pc, created int64
-	var rules, source, status string
+	var rules, source, status, dropped string
 	var hasTime bool
 	err := s.Scan(&tid, &t.ID, &t.Name, &source, &t.DeviceOrdinal, &t.DeviceName, &capacity, &t.Settings, &rules, &status,
 		&t.Events, &t.FirstSeq, &t.LastSeq, &t.FirstUS, &t.LastUS, &pr, &pa, &pc, &t.OOMs, &created,
-		&t.Upload, &hasTime, &t.PeakSeq, &t.PeakUS)
+		&t.Upload, &hasTime, &t.PeakSeq, &t.PeakUS, &dropped)
 	if err != nil {
 		return 0, t, err
 	}
 	t.NoTime = !hasTime
+	if dropped != "" {
+		t.Dropped = &gpu.Dropped{}
+		if err := json.Unmarshal([]byte(dropped), t.Dropped); err != nil {
+			return 0, t, fmt.Errorf("trace %s: dropped events: %w", t.ID, err)
+		}
+	}
 	t.Source, t.Status = gpu.TraceSource(source), gpu.TraceStatus(status)
 	t.Capacity, t.PeakReserved, t.PeakAllocated, t.PeakActive = uint64(capacity), uint64(pr), uint64(pa), uint64(pc)
 	t.Created = time.UnixMicro(created).UTC()
@@ -41,7 +48,63 @@ func scanTrace(s scanner) (int64, gpu.Trace, error) {
 
 // Traces lists every trace, newest first.
 func (db *DB) Traces() ([]gpu.Trace, error) {
-	return db.queryTraces("ORDER BY created_us DESC, tid DESC")
+	ts, _, err := db.TraceList(ListQuery{})
+	return ts, err
+}
+
+// ListQuery picks and orders a page of the trace list.
+type ListQuery struct {
+	Name   string          // part of the name, any case; "" for any
+	Source gpu.TraceSource // "" for any
+	Status gpu.TraceStatus // "" for any
+	Sort   string          // a ListSorts key; "" for created
+	Asc    bool            // ascending; the default is descending
+	Offset int
+	Limit  int // 0: no limit
+}
+
+// ListSorts are the orders of the trace list, by the column they sort.
+var ListSorts = map[string]string{
+	"created": "created_us", "name": "name COLLATE NOCASE", "source": "source", "status": "status",
+	"events": "event_count", "peak": "peak_reserved", "ooms": "oom_count", "duration": "last_us - first_us",
+}
+
+// TraceList returns one page of the traces q picks, in q's order, and how
+// many it picks in all.
+func (db *DB) TraceList(q ListQuery) ([]gpu.Trace, int, error) {
+	where := []string{hidden}
+	var args []any
+	if q.Name != "" {
+		where = append(where, "name LIKE ? ESCAPE '\\'")
+		args = append(args, "%"+strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name)+"%")
+	}
+	if q.Source != "" {
+		where = append(where, "source = ?")
+		args = append(args, string(q.Source))
+	}
+	if q.Status != "" {
+		where = append(where, "status = ?")
+		args = append(args, string(q.Status))
+	}
+	cond := "WHERE " + strings.Join(where, " AND ")
+	var total int
+	if err := db.r.QueryRow("SELECT count(*) FROM traces "+cond, args...).Scan(&total); err != nil {
+		return nil, 0, err
+	}
+	col, ok := ListSorts[q.Sort]
+	if !ok {
+		col = ListSorts["created"]
+	}
+	dir := " DESC"
+	if q.Asc {
+		dir = " ASC"
+	}
+	clause := cond + " ORDER BY " + col + dir + ", tid" + dir
+	if q.Limit > 0 {
+		clause += fmt.Sprintf(" LIMIT %d OFFSET %d", q.Limit, max(q.Offset, 0))
+	}
+	out, err := db.queryTraces(clause, args...)
+	return out, total, err
 }
 
 // UploadTraces lists the traces of one upload (the devices of a snapshot),
@@ -50,7 +113,7 @@ func (db *DB) UploadTraces(upload string) ([]gpu.Trace, error) {
 	if upload == "" {
 		return nil, nil
 	}
-	return db.queryTraces("WHERE upload = ? ORDER BY device_ordinal, tid", upload)
+	return db.queryTraces("WHERE upload = ? AND "+hidden+" ORDER BY device_ordinal, tid", upload)
 }
 
 // queryTraces lists the traces a WHERE / ORDER BY clause selects.
@@ -83,7 +146,7 @@ type querier interface {
 }
 
 func lookup(q querier, id string) (int64, gpu.Trace, error) {
-	tid, t, err := scanTrace(q.QueryRow("SELECT "+traceCols+" FROM traces WHERE id = ?", id))
+	tid, t, err := scanTrace(q.QueryRow("SELECT "+traceCols+" FROM traces WHERE id = ? AND "+hidden, id))
 	if errors.Is(err, sql.ErrNoRows) {
 		return 0, t, fmt.Errorf("trace %q: %w", id, ErrNotFound)
 	}
@@ -91,24 +154,39 @@ func lookup(q querier, id string) (int64, gpu.Trace, error) {
 }
 
 // DeleteTrace removes a trace and everything stored for it. A trace still
-// being written is refused.
+// being written is refused (ErrBusy). The trace disappears from readers
+// at once; its rows go in small transactions, then their space goes back
+// to the file system. On a full disk it gives up the reserve; when even
+// that is not enough it returns ErrDiskFull, and the rows still there go
+// at the next Open.
 func (db *DB) DeleteTrace(id string) error {
-	return db.write(func(tx *sql.Tx) error {
-		var tid, pid int64
-		var status string
-		err := tx.QueryRow("SELECT tid, owner_pid, status FROM traces WHERE id = ?", id).Scan(&tid, &pid, &status)
-		if errors.Is(err, sql.ErrNoRows) {
-			return fmt.Errorf("trace %q: %w", id, ErrNotFound)
-		}
-		if err != nil {
+	var tid int64
+	err := db.roomy(func() error {
+		return db.write(func(tx *sql.Tx) error {
+			var pid int64
+			var status string
+			err := tx.QueryRow("SELECT tid, owner_pid, status FROM traces WHERE id = ? AND "+hidden, id).Scan(&tid, &pid, &status)
+			if errors.Is(err, sql.ErrNoRows) {
+				return fmt.Errorf("trace %q: %w", id, ErrNotFound)
+			}
+			if err != nil {
+				return err
+			}
+			if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+				return fmt.Errorf("trace %q is being written; stop its writer first: %w", id, ErrBusy)
+			}
+			_, err = tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, tid)
 			return err
-		}
-		if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
-			return fmt.Errorf("trace %q is being written; stop its writer first", id)
-		}
-		return deleteTrace(tx, tid)
+		})
 	})
+	if err != nil {
+		return err
+	}
+	return db.remove(tid)
 }
+
+// ErrBusy is wrapped by the error of a delete of a trace being written.
+var ErrBusy = errors.New("busy")
 
 // reader is one read transaction: every query of one answer sees the same
 // committed state, even while the writer commits.

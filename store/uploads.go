@@ -18,54 +18,94 @@ import (
 // CreateUpload stores an upload's record and returns its id; traces join
 // it through TraceMeta.Upload. u.ID and u.Created are set here.
 func (db *DB) CreateUpload(u gpu.Upload) (string, error) {
-	id := newTraceID()
-	var settings any
-	if u.Settings != "" {
-		settings = u.Settings
-	}
-	err := db.write(func(tx *sql.Tx) error {
-		_, err := tx.Exec("INSERT INTO uploads (id, name, created_us, settings, top) VALUES (?,?,?,?,?)",
-			id, u.Name, time.Now().UnixMicro(), settings, u.Top)
-		return err
-	})
+	id := NewUploadID()
+	err := db.write(func(tx *sql.Tx) error { return insertUpload(tx, id, u) })
 	if err != nil {
 		return "", fmt.Errorf("store: create upload: %w", err)
 	}
 	return id, nil
 }
 
-// DeleteUpload removes an upload with its traces and annotations.
-func (db *DB) DeleteUpload(id string) error {
-	return db.write(func(tx *sql.Tx) error {
-		if err := uploadExists(tx, id); err != nil {
+// NewUploadID is the id of an upload PublishUpload will store: the
+// traces of an import name it before it exists.
+func NewUploadID() string { return newTraceID() }
+
+func insertUpload(tx *sql.Tx, id string, u gpu.Upload) error {
+	var settings any
+	if u.Settings != "" {
+		settings = u.Settings
+	}
+	_, err := tx.Exec("INSERT INTO uploads (id, name, created_us, settings, top) VALUES (?,?,?,?,?)",
+		id, u.Name, time.Now().UnixMicro(), settings, u.Top)
+	return err
+}
+
+// PublishUpload is Publish for the import writers of one upload: the
+// upload's record (id from NewUploadID) and its annotations are stored in
+// the same transaction that shows the traces.
+func (db *DB) PublishUpload(id string, u gpu.Upload, anns []gpu.Annotation, ws ...*Writer) error {
+	return db.publish(ws, func(tx *sql.Tx) error {
+		if err := insertUpload(tx, id, u); err != nil {
 			return err
 		}
-		rows, err := tx.Query("SELECT tid FROM traces WHERE upload = ?", id)
-		if err != nil {
-			return err
-		}
-		var tids []int64
-		for rows.Next() {
-			var tid int64
-			if err := rows.Scan(&tid); err != nil {
-				rows.Close()
-				return err
-			}
-			tids = append(tids, tid)
-		}
-		rows.Close()
-		for _, tid := range tids {
-			if err := deleteTrace(tx, tid); err != nil {
-				return err
-			}
-		}
-		for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
-			if _, err := tx.Exec(del, id); err != nil {
-				return err
-			}
-		}
-		return nil
+		return insertAnnotations(tx, id, anns)
 	})
+}
+
+// DeleteUpload removes an upload with its traces and annotations: its
+// traces at once from readers, then their rows (see DeleteTrace).
+func (db *DB) DeleteUpload(id string) error {
+	var tids []int64
+	err := db.roomy(func() error {
+		tids = tids[:0]
+		return db.write(func(tx *sql.Tx) error {
+			if err := uploadExists(tx, id); err != nil {
+				return err
+			}
+			rows, err := tx.Query("SELECT tid FROM traces WHERE upload = ?", id)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var tid int64
+				if err := rows.Scan(&tid); err != nil {
+					rows.Close()
+					return err
+				}
+				tids = append(tids, tid)
+			}
+			rows.Close()
+			if _, err := tx.Exec("UPDATE traces SET status = ? WHERE upload = ?", statusDeleting, id); err != nil {
+				return err
+			}
+			return dropUpload(tx, id, false)
+		})
+	})
+	for _, tid := range tids {
+		if err == nil {
+			err = db.remove(tid)
+		}
+	}
+	return err
+}
+
+// dropUpload deletes an upload's record and annotations; when orphan,
+// only if no trace of it is left.
+func dropUpload(tx *sql.Tx, id string, orphan bool) error {
+	cond := ""
+	if orphan {
+		cond = " AND NOT EXISTS (SELECT 1 FROM traces WHERE upload = ?)"
+	}
+	for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
+		args := []any{id}
+		if orphan {
+			args = append(args, id)
+		}
+		if _, err := tx.Exec(del+cond, args...); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // uploadExists checks that upload id is stored ("" is no upload).
@@ -104,24 +144,28 @@ func (db *DB) AddAnnotations(upload string, anns []gpu.Annotation) error {
 		if err := uploadExists(tx, upload); err != nil {
 			return err
 		}
-		st, err := tx.Prepare(`INSERT INTO annotations (upload, tid, device, time_us, stage, name, form)
-			VALUES (?1, COALESCE((SELECT tid FROM traces WHERE upload = ?1 AND device_ordinal = ?2), 0), ?2, ?3, ?4, ?5, ?6)`)
-		if err != nil {
+		return insertAnnotations(tx, upload, anns)
+	})
+}
+
+func insertAnnotations(tx *sql.Tx, upload string, anns []gpu.Annotation) error {
+	st, err := tx.Prepare(`INSERT INTO annotations (upload, tid, device, time_us, stage, name, form)
+		VALUES (?1, COALESCE((SELECT tid FROM traces WHERE upload = ?1 AND device_ordinal = ?2), 0), ?2, ?3, ?4, ?5, ?6)`)
+	if err != nil {
+		return err
+	}
+	defer st.Close()
+	for _, a := range anns {
+		if _, err := st.Exec(upload, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
 			return err
 		}
-		defer st.Close()
-		for _, a := range anns {
-			if _, err := st.Exec(upload, a.Device, a.TimeUS, a.Stage, a.Name, nullable(a.Form)); err != nil {
-				return err
-			}
-		}
-		return nil
-	})
+	}
+	return nil
 }
 
 // Annotations returns a trace's annotations in the order written.
 func (db *DB) Annotations(id string) ([]gpu.Annotation, error) {
-	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE tid = (SELECT tid FROM traces WHERE id = ?) ORDER BY aid", id)
+	return db.annotations("SELECT device, time_us, stage, name, form FROM annotations WHERE tid = (SELECT tid FROM traces WHERE id = ? AND "+hidden+") ORDER BY aid", id)
 }
 
 // UploadAnnotations returns every annotation of an upload, whatever its
@@ -203,7 +247,7 @@ func (db *DB) EventExtra(id string, seq int64) (x gpu.EventExtra, ok bool, err e
 	var action, cc, um, form sql.NullString
 	err = db.r.QueryRow(`SELECT x.action, x.compile_context, x.user_metadata, x.form FROM traces t
 		JOIN event_extra_runs r ON r.tid = t.tid AND r.first_seq = (SELECT max(first_seq) FROM event_extra_runs WHERE tid = t.tid AND first_seq <= ?)
-		JOIN event_extras x ON x.tid = t.tid AND x.xid = r.xid WHERE t.id = ?`, seq, id).Scan(&action, &cc, &um, &form)
+		JOIN event_extras x ON x.tid = t.tid AND x.xid = r.xid WHERE t.id = ? AND t.`+hidden, seq, id).Scan(&action, &cc, &um, &form)
 	if errors.Is(err, sql.ErrNoRows) {
 		return x, false, nil
 	}

@@ -160,6 +160,7 @@ type Writer struct {
 	stacks  gpu.StackTable
 	pend    pending
 	timer   *time.Timer
+	dropped string // JSON of gpu.Dropped, stored with the last batch
 
 	errMu sync.Mutex
 	err   error
@@ -180,11 +181,31 @@ func traceID(b [12]byte) string {
 }
 
 // CreateTrace starts a live trace whose layout before the first event is
-// initial (nil: empty under PyTorch's default rules).
+// initial (nil: empty under PyTorch's default rules). Its settings must
+// parse as PYTORCH_CUDA_ALLOC_CONF (ErrBadSettings).
 func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, error) {
+	return db.createTrace(meta, initial, string(gpu.StatusLive))
+}
+
+// ImportTrace starts a trace that no reader sees until Publish shows it:
+// an import is all or nothing, even if the process dies while writing it
+// (the next Open removes it).
+func (db *DB) ImportTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, error) {
+	return db.createTrace(meta, initial, statusImporting)
+}
+
+// ErrBadSettings is wrapped by the error of a trace whose allocator
+// settings do not parse: the what-if replays could not run under them.
+var ErrBadSettings = errors.New("invalid allocator settings")
+
+func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string) (*Writer, error) {
+	if _, err := caching.ParseConfig(meta.Settings); err != nil {
+		return nil, fmt.Errorf("%w %q: %v", ErrBadSettings, meta.Settings, err)
+	}
 	if initial == nil {
 		initial = gpu.NewLayout(gpu.DefaultRules())
 	}
+	db.takeReserve() // a new trace may fill the disk: keep room to delete it
 	switch meta.Source {
 	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay:
 	default:
@@ -213,14 +234,15 @@ func (db *DB) CreateTrace(meta gpu.TraceMeta, initial *gpu.Layout) (*Writer, err
 	ck := w.checkpoint(initialSeq)
 	openBlob := w.openBlob()
 	err = db.write(func(tx *sql.Tx) error {
-		if err := uploadExists(tx, meta.Upload); err != nil {
+		// An import's upload is written when it is published.
+		if err := uploadExists(tx, meta.Upload); err != nil && status != statusImporting {
 			return err
 		}
 		w.upload = meta.Upload
 		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
 			peak_reserved, peak_allocated, peak_active, upload, has_time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			string(gpu.StatusLive), os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active),
+			status, os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active),
 			meta.Upload, !meta.NoTime)
 		if err != nil {
 			return err
@@ -451,6 +473,7 @@ type batch struct {
 	openBlob  []byte
 	trace     traceCounters
 	status    gpu.TraceStatus // set when closing
+	dropped   string          // with status
 }
 
 type traceCounters struct {
@@ -524,10 +547,24 @@ func (w *Writer) Close(status gpu.TraceStatus) error {
 	if w.closed {
 		return errors.New("store: writer already closed")
 	}
-	w.closed = true
 	defer w.unregister()
+	b := w.last(status)
+	if err := w.db.write(func(tx *sql.Tx) error { return w.store(tx, b) }); err != nil {
+		w.fail(err)
+	}
+	return w.Err()
+}
+
+// last closes the writer and returns its last batch, which sets status
+// (failed after an error). The caller holds w.mu.
+func (w *Writer) last(status gpu.TraceStatus) *batch {
+	w.closed = true
 	if w.Err() != nil {
 		status = gpu.StatusFailed
+	}
+	if w.timer != nil {
+		w.timer.Stop()
+		w.timer = nil
 	}
 	if w.chunk.n > 0 {
 		w.pend.chunks = append(w.pend.chunks, w.chunk.row(false))
@@ -535,14 +572,54 @@ func (w *Writer) Close(status gpu.TraceStatus) error {
 	}
 	w.pyr.closeAll()
 	b := w.take()
-	b.status = status
-	if err := w.db.write(func(tx *sql.Tx) error { return w.store(tx, b) }); err != nil {
-		w.fail(err)
-	}
-	return w.Err()
+	b.status, b.dropped = status, w.dropped
+	return b
 }
 
-// Abort removes the trace and everything stored for it.
+// SetDropped records the events of the recording left out of the trace,
+// stored when the writer closes.
+func (w *Writer) SetDropped(d gpu.Dropped) {
+	b, _ := json.Marshal(d)
+	w.mu.Lock()
+	w.dropped = string(b)
+	w.mu.Unlock()
+}
+
+// Publish closes the writers of ImportTrace as complete and shows their
+// traces, all in one transaction: readers see every one of them, whole,
+// or none. After an error nothing is shown; Abort them.
+func (db *DB) Publish(ws ...*Writer) error { return db.publish(ws, nil) }
+
+// publish is Publish, with also (when not nil) in the transaction.
+func (db *DB) publish(ws []*Writer, also func(tx *sql.Tx) error) error {
+	var batches []*batch
+	for _, w := range ws {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if w.closed {
+			return errors.New("store: publish of a closed writer")
+		}
+		if err := w.Err(); err != nil {
+			return err
+		}
+		defer w.unregister()
+		batches = append(batches, w.last(gpu.StatusComplete))
+	}
+	return db.write(func(tx *sql.Tx) error {
+		for i, w := range ws {
+			if err := w.store(tx, batches[i]); err != nil {
+				return err
+			}
+		}
+		if also != nil {
+			return also(tx)
+		}
+		return nil
+	})
+}
+
+// Abort removes the trace and everything stored for it: at once from
+// readers, then its rows (see DeleteTrace).
 func (w *Writer) Abort() error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -552,37 +629,21 @@ func (w *Writer) Abort() error {
 	}
 	w.closed = true
 	defer w.unregister()
-	return w.db.write(func(tx *sql.Tx) error { return deleteTrace(tx, w.tid) })
+	err := w.db.roomy(func() error {
+		return w.db.write(func(tx *sql.Tx) error {
+			_, err := tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, w.tid)
+			return err
+		})
+	})
+	if err != nil {
+		return err
+	}
+	return w.db.remove(w.tid)
 }
 
+// traceTables hold a trace's rows, its own row last.
 var traceTables = []string{"incidents", "stacks", "chunks", "usage_levels", "checkpoints", "alloc_bins", "alloc_classes", "alloc_open",
 	"annotations", "event_extras", "event_extra_runs", "snapshot_segments", "traces"}
-
-// deleteTrace removes a trace, and its upload when no other trace is left
-// of it.
-func deleteTrace(tx *sql.Tx, tid int64) error {
-	var upload string
-	if err := tx.QueryRow("SELECT upload FROM traces WHERE tid = ?", tid).Scan(&upload); err != nil && !errors.Is(err, sql.ErrNoRows) {
-		return err
-	}
-	if _, err := tx.Exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
-		return err
-	}
-	for _, t := range traceTables {
-		if _, err := tx.Exec("DELETE FROM "+t+" WHERE tid = ?", tid); err != nil {
-			return err
-		}
-	}
-	if upload == "" {
-		return nil
-	}
-	for _, del := range []string{"DELETE FROM annotations WHERE upload = ?", "DELETE FROM uploads WHERE id = ?"} {
-		if _, err := tx.Exec(del+" AND NOT EXISTS (SELECT 1 FROM traces WHERE upload = ?)", upload, upload); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // store writes a batch; it runs on the writer goroutine.
 func (w *Writer) store(tx *sql.Tx, b *batch) error {
@@ -691,8 +752,8 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.Reserved), int64(t.peak.Allocated), int64(t.peak.Active),
 		t.peakSeq, t.peakUS, t.ooms}
 	if b.status != "" {
-		q += ", status = ?"
-		args = append(args, string(b.status))
+		q += ", status = ?, dropped = ?"
+		args = append(args, string(b.status), b.dropped)
 	}
 	if _, err := tx.Exec(q+" WHERE tid = ?", append(args, tid)...); err != nil {
 		return err

@@ -30,7 +30,15 @@ func Duration(us int64) string {
 	return fmt.Sprintf("%.1f min", float64(us)/6e7)
 }
 
-func itoa(n int) string   { return strconv.Itoa(n) }
+func itoa(n int) string { return strconv.Itoa(n) }
+
+// plural picks one or many by n.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
 func i64(n int64) string  { return strconv.FormatInt(n, 10) }
 func u64(n uint64) string { return strconv.FormatUint(n, 10) }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -92,7 +93,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		if n == "" {
 			n = filepath.Base(path)
 		}
-		ids, err := ingest.Store(db, chosen, n)
+		ids, err := ingest.Store(context.Background(), db, chosen, n)
 		if err != nil {
 			return err
 		}

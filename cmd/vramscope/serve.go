@@ -9,9 +9,12 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
+	"time"
 
 	"vramscope/gpu"
+	"vramscope/live"
 	"vramscope/server"
 	"vramscope/store"
 )
@@ -26,8 +29,15 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	dbPath := fs.String("db", "vramscope.db", "SQLite database")
 	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "bearer token required of uploads, deletes and live ingest (default $VRAMSCOPE_TOKEN; made up when listening beyond loopback)")
 	maxUpload := fs.String("max-upload", "2GiB", "largest snapshot upload accepted (larger ones get 413)")
+	maxDecompressed := fs.String("max-decompressed", "", "largest snapshot once decompressed (default: --max-upload)")
+	uploadTimeout := fs.Duration("upload-timeout", server.DefaultUploadTimeout, "time budget of decoding and storing one upload")
+	var hosts hostList
+	fs.Var(&hosts, "allowed-host", "a `NAME` this server answers to besides localhost and loopback addresses (repeatable; only matters on loopback)")
+	maxMessage := fs.String("max-live-message", "8MiB", "largest live ingest message")
+	maxStreams := fs.Int("max-live-streams", 64, "live ingest connections open at once")
+	emptyExpiry := fs.Duration("live-empty-expiry", 10*time.Minute, "delete live traces that never got an event after this long")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE]")
+		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE] [--allowed-host NAME]...")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
@@ -40,6 +50,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	limit, err := gpu.ParseBytes(*maxUpload)
 	if err != nil {
 		return usagef("--max-upload: %v", err)
+	}
+	decompressed := limit
+	if *maxDecompressed != "" {
+		if decompressed, err = gpu.ParseBytes(*maxDecompressed); err != nil {
+			return usagef("--max-decompressed: %v", err)
+		}
+	}
+	message, err := gpu.ParseBytes(*maxMessage)
+	if err != nil {
+		return usagef("--max-live-message: %v", err)
 	}
 	if *token == "" && !server.Loopback(*addr) {
 		// Beyond loopback anyone could write: make up a token and say it.
@@ -62,10 +82,25 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
-	srv := server.New(server.Options{DB: db, Addr: *addr, Token: *token, MaxUploadBytes: int64(limit), Logger: log})
+	srv := server.New(server.Options{DB: db, Addr: *addr, Token: *token, MaxUploadBytes: int64(limit),
+		MaxDecompressedBytes: int64(decompressed), UploadTimeout: *uploadTimeout, AllowedHosts: hosts,
+		Live: live.Options{MaxMessage: int64(message), MaxStreams: *maxStreams, EmptyExpiry: *emptyExpiry}, Logger: log})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	return srv.ListenAndServe(ctx, func(a net.Addr) {
 		fmt.Fprintf(stdout, "vramscope: serving %s on http://%s/\n", *dbPath, a)
 	})
+}
+
+// hostList is a repeatable flag.
+type hostList []string
+
+func (h *hostList) String() string { return strings.Join(*h, ",") }
+
+func (h *hostList) Set(v string) error {
+	if v == "" || strings.ContainsAny(v, "/ ") {
+		return fmt.Errorf("%q is not a host name", v)
+	}
+	*h = append(*h, v)
+	return nil
 }

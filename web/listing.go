@@ -1,0 +1,111 @@
+package web
+
+import (
+	"fmt"
+	"net/url"
+	"strconv"
+
+	"vramscope/gpu"
+)
+
+// Listing is one page of the trace list with the query that picked it:
+// filters (name, source, status), order (sort, asc) and page (from 1).
+type Listing struct {
+	Traces []gpu.Trace
+	Total  int
+	Page   int
+	Per    int
+	Name   string
+	Source string
+	Status string
+	Sort   string // "" for newest first
+	Asc    bool
+}
+
+// Pages is how many pages the picked traces fill.
+func (l Listing) Pages() int { return max(1, (l.Total+l.Per-1)/l.Per) }
+
+// Range says which traces the page shows, as "51–100 of 5,012".
+func (l Listing) Range() string {
+	if l.Total == 0 {
+		return "no traces"
+	}
+	first := (l.Page-1)*l.Per + 1
+	return fmt.Sprintf("%d–%d of %d", first, first+len(l.Traces)-1, l.Total)
+}
+
+// url is the list's address with the query changed by set.
+func (l Listing) url(set func(url.Values)) string {
+	v := url.Values{}
+	for k, s := range map[string]string{"name": l.Name, "source": l.Source, "status": l.Status, "sort": l.Sort} {
+		if s != "" {
+			v.Set(k, s)
+		}
+	}
+	if l.Asc {
+		v.Set("order", "asc")
+	}
+	if l.Page > 1 {
+		v.Set("page", strconv.Itoa(l.Page))
+	}
+	set(v)
+	if len(v) == 0 {
+		return "/"
+	}
+	return "/?" + v.Encode()
+}
+
+// PageURL is the address of page n.
+func (l Listing) PageURL(n int) string {
+	return l.url(func(v url.Values) {
+		v.Del("page")
+		if n > 1 {
+			v.Set("page", strconv.Itoa(n))
+		}
+	})
+}
+
+// SortURL is the address sorted by key: the other way round when it is
+// the order already, else descending for figures and ascending for words.
+func (l Listing) SortURL(key string) string {
+	asc := key == "name" || key == "source" || key == "status"
+	if l.Sort == key {
+		asc = !l.Asc
+	}
+	return l.url(func(v url.Values) {
+		v.Del("page")
+		v.Set("sort", key)
+		v.Del("order")
+		if asc {
+			v.Set("order", "asc")
+		}
+	})
+}
+
+// SortMark is the arrow after a column sorted by key.
+func (l Listing) SortMark(key string) string {
+	switch {
+	case l.Sort != key:
+		return ""
+	case l.Asc:
+		return " ▲"
+	}
+	return " ▼"
+}
+
+// AriaSort is the aria-sort of the column sorted by key.
+func (l Listing) AriaSort(key string) string {
+	switch {
+	case l.Sort != key:
+		return "none"
+	case l.Asc:
+		return "ascending"
+	}
+	return "descending"
+}
+
+// Sources and Statuses are the choices of the list's filters.
+var (
+	Sources  = []gpu.TraceSource{gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay}
+	Statuses = []gpu.TraceStatus{gpu.StatusLive, gpu.StatusComplete, gpu.StatusIncomplete, gpu.StatusFailed}
+)
