@@ -72,17 +72,6 @@ func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// usageJSON is a usage timeline in columns: bucket i starts at
-// start_us + i*bucket_us, and each series holds min,max pairs.
-type usageJSON struct {
-	BucketUS  int64    `json:"bucket_us"`
-	StartUS   int64    `json:"start_us"`
-	Events    []int64  `json:"events"`
-	Reserved  []uint64 `json:"reserved"`
-	Allocated []uint64 `json:"allocated"`
-	Active    []uint64 `json:"active"`
-}
-
 // window reads t0, t1 (microseconds, t0 < t1) and n columns.
 func window(p *params, nName string, nDef, nMax int64) (t0, t1 int64, n int) {
 	t0 = p.required("t0")
@@ -106,20 +95,9 @@ func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	out := usageJSON{BucketUS: u.BucketUS, Events: make([]int64, len(u.Buckets)),
-		Reserved: make([]uint64, 0, 2*len(u.Buckets)), Allocated: make([]uint64, 0, 2*len(u.Buckets)),
-		Active: make([]uint64, 0, 2*len(u.Buckets))}
-	if len(u.Buckets) > 0 {
-		out.StartUS = u.Buckets[0].StartUS
-	}
-	for i, b := range u.Buckets {
-		out.Events[i] = b.Events
-		out.Reserved = append(out.Reserved, b.Reserved.Min, b.Reserved.Max)
-		out.Allocated = append(out.Allocated, b.Allocated.Min, b.Allocated.Max)
-		out.Active = append(out.Active, b.Active.Min, b.Active.Max)
-	}
+	out := u.Columns()
 	if bin {
-		writeBinary(w, usageBinary(out))
+		writeBinary(w, out.AppendBinary(nil))
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -248,7 +226,7 @@ func (s *Server) apiEvents(w http.ResponseWriter, r *http.Request) {
 		out[i] = toEventJSON(e)
 		sids[i] = e.Stack
 	}
-	labels, err := s.labels(id, sids)
+	labels, err := s.opt.DB.Labels(id, sids)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -258,7 +236,7 @@ func (s *Server) apiEvents(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	md, _, err := s.userMetadata(t, from, to, maxEvents)
+	md, _, err := s.opt.DB.UserMetadata(t, from, to, maxEvents)
 	if err != nil {
 		s.storeError(w, r, err)
 		return

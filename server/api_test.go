@@ -131,7 +131,7 @@ func TestBadParametersAreNamed(t *testing.T) {
 func TestUsageFollowsTheTrace(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
-	var u usageJSON
+	var u store.UsageColumns
 	f.getJSON(t, "/api/traces/"+f.id+"/usage?t0="+itoa(tr.FirstUS)+"&t1="+itoa(tr.LastUS)+"&n=200", &u)
 	if n := len(u.Events); n == 0 || n > 200 || len(u.Reserved) != 2*n || len(u.Allocated) != 2*n {
 		t.Fatalf("%d buckets, %d reserved values", n, len(u.Reserved))

@@ -8,6 +8,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/gpu"
+	"vramscope/store"
 )
 
 // What the trace view asks beyond the timeline and the map: a trace with
@@ -82,7 +83,7 @@ func (s *Server) apiExtras(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	md, total, err := s.userMetadata(t, 0, t.LastSeq+1, 1000)
+	md, total, err := s.opt.DB.UserMetadata(t, 0, t.LastSeq+1, 1000)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -91,47 +92,12 @@ func (s *Server) apiExtras(w http.ResponseWriter, r *http.Request) {
 		anns = []gpu.Annotation{}
 	}
 	writeJSON(w, http.StatusOK, struct {
-		Conf        string           `json:"conf"`
-		Settings    json.RawMessage  `json:"settings"`
-		Annotations []gpu.Annotation `json:"annotations"`
-		Metadata    []metadataJSON   `json:"user_metadata"`
-		MetaTotal   int64            `json:"user_metadata_total"`
+		Conf        string               `json:"conf"`
+		Settings    json.RawMessage      `json:"settings"`
+		Annotations []gpu.Annotation     `json:"annotations"`
+		Metadata    []store.UserMetadata `json:"user_metadata"`
+		MetaTotal   int64                `json:"user_metadata_total"`
 	}{t.Settings, settings, anns, md, total})
-}
-
-// metadataJSON is one event's user_metadata.
-type metadataJSON struct {
-	Seq  int64  `json:"seq"`
-	Text string `json:"user_metadata"`
-}
-
-// userMetadata lists the first limit events of t with from <= seq < to
-// that carry user_metadata, and how many there are in that range.
-func (s *Server) userMetadata(t gpu.Trace, from, to int64, limit int) ([]metadataJSON, int64, error) {
-	extras, runs, err := s.opt.DB.EventExtras(t.ID)
-	if err != nil {
-		return nil, 0, err
-	}
-	out := []metadataJSON{}
-	var total int64
-	for i, run := range runs {
-		end := t.LastSeq + 1
-		if i+1 < len(runs) {
-			end = runs[i+1].Seq
-		}
-		if run.Extra == 0 || extras[run.Extra-1].UserMetadata == "" {
-			continue
-		}
-		lo, hi := max(run.Seq, from), min(end, to)
-		if lo >= hi {
-			continue
-		}
-		total += hi - lo
-		for seq := lo; seq < hi && len(out) < limit; seq++ {
-			out = append(out, metadataJSON{seq, extras[run.Extra-1].UserMetadata})
-		}
-	}
-	return out, total, nil
 }
 
 // frameJSON is a frame with its kind (gpu.KindOf).
@@ -153,19 +119,6 @@ func toStackJSON(st gpu.Stack) stackJSON {
 		out.Frames[i] = frameJSON{f, gpu.KindOf(f)}
 	}
 	return out
-}
-
-// labels maps the stack ids of an answer to their labels.
-func (s *Server) labels(id string, sids []gpu.StackID) (map[gpu.StackID]string, error) {
-	sts, err := s.opt.DB.StacksOf(id, sids)
-	if err != nil {
-		return nil, err
-	}
-	out := make(map[gpu.StackID]string, len(sts))
-	for sid, st := range sts {
-		out[sid] = gpu.StackLabel(st)
-	}
-	return out, nil
 }
 
 // maxMatches caps a search answer; the total still counts every match.
@@ -201,7 +154,7 @@ func (s *Server) apiSearch(w http.ResponseWriter, r *http.Request) {
 	for i, m := range res.Matches {
 		sids[i] = m.Stack
 	}
-	labels, err := s.labels(id, sids)
+	labels, err := s.opt.DB.Labels(id, sids)
 	if err != nil {
 		s.storeError(w, r, err)
 		return

@@ -416,3 +416,52 @@ func nullable(s string) any {
 	}
 	return s
 }
+
+// UserMetadata is one event's user_metadata.
+type UserMetadata struct {
+	Seq  int64  `json:"seq"`
+	Text string `json:"user_metadata"`
+}
+
+// UserMetadata lists the first limit events of t with from <= seq < to
+// that carry user_metadata, and how many there are in that range.
+func (db *DB) UserMetadata(t gpu.Trace, from, to int64, limit int) ([]UserMetadata, int64, error) {
+	extras, runs, err := db.EventExtras(t.ID)
+	if err != nil {
+		return nil, 0, err
+	}
+	out := []UserMetadata{}
+	var total int64
+	for i, run := range runs {
+		end := t.LastSeq + 1
+		if i+1 < len(runs) {
+			end = runs[i+1].Seq
+		}
+		if run.Extra == 0 || extras[run.Extra-1].UserMetadata == "" {
+			continue
+		}
+		lo, hi := max(run.Seq, from), min(end, to)
+		if lo >= hi {
+			continue
+		}
+		total += hi - lo
+		for seq := lo; seq < hi && len(out) < limit; seq++ {
+			out = append(out, UserMetadata{seq, extras[run.Extra-1].UserMetadata})
+		}
+	}
+	return out, total, nil
+}
+
+// Labels maps stack ids to their labels: each stack's first user frame
+// (gpu.StackLabel).
+func (db *DB) Labels(id string, sids []gpu.StackID) (map[gpu.StackID]string, error) {
+	sts, err := db.StacksOf(id, sids)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[gpu.StackID]string, len(sts))
+	for sid, st := range sts {
+		out[sid] = gpu.StackLabel(st)
+	}
+	return out, nil
+}

@@ -1,0 +1,136 @@
+package store
+
+import (
+	"encoding/binary"
+	"math"
+)
+
+// UsageColumns is a usage timeline in columns, the form pages read: bucket
+// i starts at StartUS + i*BucketUS, and each series holds min,max pairs.
+type UsageColumns struct {
+	BucketUS  int64    `json:"bucket_us"`
+	StartUS   int64    `json:"start_us"`
+	Events    []int64  `json:"events"`
+	Reserved  []uint64 `json:"reserved"`
+	Allocated []uint64 `json:"allocated"`
+	Active    []uint64 `json:"active"`
+}
+
+// Columns lays u out in columns.
+func (u Usage) Columns() UsageColumns {
+	n := len(u.Buckets)
+	out := UsageColumns{BucketUS: u.BucketUS, Events: make([]int64, n),
+		Reserved: make([]uint64, 0, 2*n), Allocated: make([]uint64, 0, 2*n), Active: make([]uint64, 0, 2*n)}
+	if n > 0 {
+		out.StartUS = u.Buckets[0].StartUS
+	}
+	for i, b := range u.Buckets {
+		out.Events[i] = b.Events
+		out.Reserved = append(out.Reserved, b.Reserved.Min, b.Reserved.Max)
+		out.Allocated = append(out.Allocated, b.Allocated.Min, b.Allocated.Max)
+		out.Active = append(out.Active, b.Active.Min, b.Active.Max)
+	}
+	return out
+}
+
+// The binary forms hold the JSON answers' numbers as little-endian arrays
+// the page maps onto typed arrays without parsing: a 4-byte tag, uint32
+// counts, then every float64 array, then every uint32 array. Byte counts,
+// addresses and times are float64, exact up to 2^53 as in JSON read by a
+// browser.
+//
+// usage ("VSU1"): n; bucket_us, start_us, events[n], then min,max pairs of
+// reserved[2n], allocated[2n], active[2n].
+//
+// bands ("VSB1"): w, bands, runs, dropped, samples, flags (1: sampled at
+// checkpoints), 0; t0, t1, m0, m1, y_max, min_bytes, allocated[w], then per
+// band seq, address, size, requested (each an array of the band count),
+// then the run offsets; uint32 stack, c0, c1 per band, the index of each
+// band's first run (one more entry than bands), then the run columns.
+
+type binWriter struct{ b []byte }
+
+func (b *binWriter) u32(v ...uint32) {
+	for _, x := range v {
+		b.b = binary.LittleEndian.AppendUint32(b.b, x)
+	}
+}
+
+func (b *binWriter) f64(v float64) { b.b = binary.LittleEndian.AppendUint64(b.b, math.Float64bits(v)) }
+
+// AppendBinary appends the binary form of u.
+func (u UsageColumns) AppendBinary(buf []byte) []byte {
+	n := len(u.Events)
+	b := &binWriter{b: buf}
+	b.b = append(b.b, "VSU1"...)
+	b.u32(uint32(n))
+	b.f64(float64(u.BucketUS))
+	b.f64(float64(u.StartUS))
+	for _, v := range u.Events {
+		b.f64(float64(v))
+	}
+	for _, s := range [][]uint64{u.Reserved, u.Allocated, u.Active} {
+		for _, v := range s {
+			b.f64(float64(v))
+		}
+	}
+	return b.b
+}
+
+// AppendBinary appends the binary form of o.
+func (o *Bands) AppendBinary(buf []byte) []byte {
+	runs := 0
+	for i := range o.Bands {
+		runs += len(o.Bands[i].Runs) / 2
+	}
+	nb := len(o.Bands)
+	b := &binWriter{b: buf}
+	b.b = append(b.b, "VSB1"...)
+	flags := uint32(0)
+	if o.Sampled == "checkpoints" {
+		flags = 1
+	}
+	b.u32(uint32(o.W), uint32(nb), uint32(runs), uint32(o.Dropped), uint32(o.Samples), flags, 0) // 0 pads to 32 bytes
+	for _, v := range []float64{float64(o.T0), float64(o.T1), float64(o.M0), float64(o.M1), float64(o.YMax), float64(o.MinBytes)} {
+		b.f64(v)
+	}
+	for _, v := range o.Allocated {
+		b.f64(float64(v))
+	}
+	for _, field := range []func(*Band) float64{
+		func(x *Band) float64 { return float64(x.Seq) },
+		func(x *Band) float64 { return float64(x.Addr) },
+		func(x *Band) float64 { return float64(x.Size) },
+		func(x *Band) float64 { return float64(x.Requested) },
+	} {
+		for i := range o.Bands {
+			b.f64(field(&o.Bands[i]))
+		}
+	}
+	for i := range o.Bands {
+		for r := 1; r < len(o.Bands[i].Runs); r += 2 {
+			b.f64(float64(o.Bands[i].Runs[r]))
+		}
+	}
+	for _, field := range []func(*Band) uint32{
+		func(x *Band) uint32 { return uint32(x.Stack) },
+		func(x *Band) uint32 { return uint32(x.C0) },
+		func(x *Band) uint32 { return uint32(x.C1) },
+	} {
+		for i := range o.Bands {
+			b.u32(field(&o.Bands[i]))
+		}
+	}
+	first := 0
+	for i := range o.Bands {
+		b.u32(uint32(first))
+		first += len(o.Bands[i].Runs) / 2
+	}
+	b.u32(uint32(first))
+	for i := range o.Bands {
+		for r := 0; r < len(o.Bands[i].Runs); r += 2 {
+			b.u32(uint32(o.Bands[i].Runs[r]))
+		}
+	}
+	return b.b
+}
