@@ -28,6 +28,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/internal/hostile"
 	"vramscope/internal/testkit"
+	"vramscope/server/guard"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -193,7 +194,7 @@ func readUntilClosed(t *testing.T, c net.Conn) []byte {
 // connection is closed, and a client that never reads its answers loses
 // the connection at the write deadline.
 func TestSlowClientsCutOff(t *testing.T) {
-	l := listen(t, nil, Options{Timeouts: Timeouts{BodyGrace: time.Second, BodyRate: 1 << 10, Idle: time.Second, Write: 2 * time.Second}})
+	l := listen(t, nil, Options{Timeouts: guard.Timeouts{BodyGrace: time.Second, BodyRate: 1 << 10, Idle: time.Second, Write: 2 * time.Second}})
 
 	c := rawConn(t, l.addr)
 	fmt.Fprintf(c, "POST /api/traces?name=slow HTTP/1.1\r\nHost: %s\r\nContent-Length: 100000\r\n\r\n\x80\x04", l.addr)

@@ -1,13 +1,13 @@
 package server
 
 import (
-	"net"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/live"
 	"vramscope/live/python"
+	"vramscope/server/guard"
 )
 
 // mountLive adds live watching: the ingest and viewer websockets, which
@@ -18,8 +18,8 @@ func (s *Server) mountLive(r chi.Router) {
 	lo.Logger = s.log
 	hub := live.NewHub(s.opt.DB, lo)
 	s.hub = hub
-	ingest := s.requireToken(http.HandlerFunc(hub.ServeIngest))
-	if s.opt.Token == "" && !Loopback(s.opt.Addr) {
+	ingest := guard.RequireToken(s.opt.Token)(http.HandlerFunc(hub.ServeIngest))
+	if s.opt.Token == "" && !guard.Loopback(s.opt.Addr) {
 		// Beyond loopback anyone could write traces: ingest needs a token.
 		ingest = http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 			writeError(w, http.StatusUnauthorized, "this server listens beyond loopback without a token, so it takes no live streams: start it with --token")
@@ -38,17 +38,4 @@ func (s *Server) mountLive(r chi.Router) {
 		w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
 		w.Write(python.Source)
 	})
-}
-
-// Loopback reports whether addr (host:port) listens on loopback only.
-func Loopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }

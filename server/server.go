@@ -11,6 +11,7 @@ import (
 	"time"
 	"vramscope/incident"
 	"vramscope/live"
+	"vramscope/server/guard"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
@@ -39,7 +40,7 @@ type Options struct {
 	// loopback names and addresses.
 	AllowedHosts []string
 	// Timeouts for slow or idle clients.
-	Timeouts Timeouts
+	Timeouts guard.Timeouts
 	// Live limits live ingest (message size, connections, expiry of
 	// traces that never got an event).
 	Live live.Options
@@ -91,14 +92,15 @@ func New(opt Options) *Server {
 	if opt.UploadTimeout <= 0 {
 		opt.UploadTimeout = DefaultUploadTimeout
 	}
-	opt.Timeouts.defaults()
+	opt.Timeouts.Defaults(requestTimeout + 30*time.Second)
 	if opt.Logger == nil {
 		opt.Logger = slog.Default()
 	}
 	s := &Server{opt: opt, log: opt.Logger, replaySlots: make(chan struct{}, 1), whatifWait: whatifWait}
 	s.whatifs = incident.NewJobs(opt.DB, 16, s.replaySlots)
 	r := chi.NewRouter()
-	r.Use(s.deadlines, middleware.RequestID, s.logRequests, s.recoverPanics, s.allowHosts, securityHeaders, sameOrigin)
+	r.Use(guard.Deadlines(opt.Timeouts), middleware.RequestID, guard.Log(s.log), guard.Recover(s.log),
+		guard.AllowHosts(opt.Addr, opt.AllowedHosts), guard.SecurityHeaders, guard.SameOrigin)
 
 	r.Group(func(r chi.Router) {
 		r.Use(middleware.Timeout(requestTimeout))
@@ -108,7 +110,7 @@ func New(opt Options) *Server {
 		r.Get("/traces/{id}", s.pageTrace)
 		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
 		r.Get("/p/{token}", s.pagePermalink)
-		r.With(s.requireToken, httprate.LimitBy(permalinkRate, permalinkWindow, clientIP,
+		r.With(guard.RequireToken(opt.Token), httprate.LimitBy(permalinkRate, permalinkWindow, clientIP,
 			httprate.WithLimitHandler(func(w http.ResponseWriter, _ *http.Request) {
 				writeError(w, http.StatusTooManyRequests, "more than %d permalinks a %s from this client: wait a little", permalinkRate, permalinkWindow)
 			}))).Post("/api/permalinks", s.apiCreatePermalink)
@@ -118,7 +120,7 @@ func New(opt Options) *Server {
 			r.Get("/", s.apiTraces)
 			r.Route("/{id}", func(r chi.Router) {
 				r.Get("/", s.apiTrace)
-				r.With(s.requireToken).Delete("/", s.apiDeleteTrace)
+				r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteTrace)
 				r.Get("/usage", s.apiUsage)
 				r.Get("/bands", s.apiBands)
 				r.Get("/layout", s.apiLayout)
@@ -137,7 +139,7 @@ func New(opt Options) *Server {
 		})
 	})
 	// Uploads stream for as long as the file takes: no timeout, no compression.
-	r.With(s.requireToken).Post("/api/traces", s.apiUpload)
+	r.With(guard.RequireToken(opt.Token)).Post("/api/traces", s.apiUpload)
 	s.mountLive(r)
 
 	r.NotFound(s.notFound)

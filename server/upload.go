@@ -10,11 +10,11 @@ import (
 	"net/http"
 	"path"
 	"strings"
-	"time"
 
 	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/pytorch"
+	"vramscope/server/guard"
 	"vramscope/store"
 )
 
@@ -46,8 +46,8 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeoutCause(r.Context(), s.opt.UploadTimeout, errUploadTime)
 	defer cancel()
-	body := readAhead(ctx, http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes))
-	defer body.stop(http.NewResponseController(w))
+	body := guard.ReadAhead(ctx, http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes))
+	defer body.Stop(http.NewResponseController(w))
 	name := r.URL.Query().Get("name")
 	if name == "" {
 		name = r.Header.Get("X-Filename")
@@ -73,7 +73,7 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		s.uploadError(w, r, ctx, err)
 		return
 	}
-	s.extendWrite(w)
+	guard.ExtendWrite(w, s.opt.Timeouts.Write)
 	out := uploadJSON{Traces: []gpu.Trace{}}
 	for _, id := range ids {
 		t, err := s.opt.DB.Trace(id)
@@ -109,7 +109,7 @@ func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 			return nil, &ingest.InputError{Err: errors.New("the form holds no file")}
 		}
 		var mbe *http.MaxBytesError
-		var slow *errSlowBody
+		var slow *guard.SlowBodyError
 		if errors.As(err, &mbe) || errors.As(err, &slow) {
 			return nil, err
 		}
@@ -127,11 +127,11 @@ func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 // body too slow, 400 for what the file holds, 507 for a full disk; a
 // client gone gets nothing.
 func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context.Context, err error) {
-	s.extendWrite(w)
+	guard.ExtendWrite(w, s.opt.Timeouts.Write)
 	var mbe *http.MaxBytesError
 	var le *pytorch.LimitError
 	var ie *ingest.InputError
-	var slow *errSlowBody
+	var slow *guard.SlowBodyError
 	switch {
 	case errors.As(err, &mbe):
 		writeError(w, http.StatusRequestEntityTooLarge, "the upload is larger than this server accepts (%d bytes)", mbe.Limit)
@@ -151,75 +151,4 @@ func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context
 		s.log.Error("upload", "err", err)
 		writeError(w, http.StatusInternalServerError, "storing the snapshot: %v", err)
 	}
-}
-
-// aheadReader reads a request body ahead of its consumer, a few chunks at
-// most. The server learns that a client went away only once it has read
-// the whole body, and a small gzip can take long to decode: reading ahead
-// gets to the end of such a body at once.
-type aheadReader struct {
-	chunks chan []byte
-	cur    []byte
-	err    error // set before chunks is closed
-	cancel context.CancelFunc
-	done   chan struct{}
-}
-
-// aheadChunks and aheadChunk bound what is read ahead (4 MiB).
-const aheadChunks, aheadChunk = 64, 64 << 10
-
-func readAhead(ctx context.Context, r io.Reader) *aheadReader {
-	ctx, cancel := context.WithCancel(ctx)
-	a := &aheadReader{chunks: make(chan []byte, aheadChunks), cancel: cancel, done: make(chan struct{})}
-	go func() {
-		defer close(a.done)
-		defer close(a.chunks)
-		for {
-			buf := make([]byte, aheadChunk)
-			n, err := r.Read(buf)
-			if n > 0 {
-				select {
-				case a.chunks <- buf[:n]:
-				case <-ctx.Done():
-					a.err = context.Cause(ctx)
-					return
-				}
-			}
-			if err != nil {
-				a.err = err
-				return
-			}
-		}
-	}()
-	return a
-}
-
-func (a *aheadReader) Read(p []byte) (int, error) {
-	for len(a.cur) == 0 {
-		b, ok := <-a.chunks
-		if !ok {
-			return 0, a.err
-		}
-		a.cur = b
-	}
-	n := copy(p, a.cur)
-	a.cur = a.cur[n:]
-	return n, nil
-}
-
-// stop ends the reading ahead and waits for it, so the body is not read
-// once the handler returns: a read still waiting on the client is cut
-// short through the connection's read deadline, which stays past, so the
-// server drops the connection rather than read the rest of the body.
-func (a *aheadReader) stop(rc *http.ResponseController) {
-	a.cancel()
-	select {
-	case <-a.done:
-		return
-	default:
-	}
-	rc.SetReadDeadline(time.Now())
-	for range a.chunks {
-	}
-	<-a.done
 }

@@ -16,6 +16,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/live"
 	"vramscope/server"
+	"vramscope/server/guard"
 	"vramscope/store"
 )
 
@@ -61,7 +62,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return usagef("--max-live-message: %v", err)
 	}
-	if *token == "" && !server.Loopback(*addr) {
+	if *token == "" && !guard.Loopback(*addr) {
 		// Beyond loopback anyone could write: make up a token and say it.
 		*token = rand.Text()
 		fmt.Fprintf(stderr, "vramscope: listening beyond loopback, so uploads and live ingest need a token: %s\n(choose one with --token or VRAMSCOPE_TOKEN)\n", *token)
