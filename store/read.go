@@ -578,6 +578,22 @@ type Usage struct {
 // the window in n buckets, and buckets start at multiples of it, so results
 // for nearby windows line up and can be cached.
 func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
+	return db.UsageOf(id, t0, t1, n, AllSeries)
+}
+
+// Series picks which of reserved, allocated and active bytes a usage
+// query reads.
+type Series uint8
+
+const (
+	SeriesReserved Series = 1 << iota
+	SeriesAllocated
+	SeriesActive
+	AllSeries = SeriesReserved | SeriesAllocated | SeriesActive
+)
+
+// UsageOf is Usage of the series s picks; the others are zero.
+func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	if n < 1 || t1 < t0 {
 		return Usage{}, fmt.Errorf("store: usage needs t0 <= t1 and n >= 1 (got [%d, %d], n=%d)", t0, t1, n)
 	}
@@ -598,27 +614,11 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 	aggs := make([]levelAcc, nb)
 	stored := make([]bool, nb)
 
-	rows, err := r.tx.Query(`SELECT b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last
-		FROM usage_levels WHERE tid = ? AND k = ? AND b BETWEEN ? AND ?`, r.tid, k, b0, b1)
-	if err != nil {
-		return Usage{}, err
-	}
-	for rows.Next() {
-		var a levelAcc
-		var v [9]int64
-		if err := rows.Scan(&a.b, &a.n, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]); err != nil {
-			rows.Close()
-			return Usage{}, err
-		}
-		a.valid = true
-		a.min = gpu.Totals{Reserved: uint64(v[0]), Allocated: uint64(v[3]), Active: uint64(v[6])}
-		a.max = gpu.Totals{Reserved: uint64(v[1]), Allocated: uint64(v[4]), Active: uint64(v[7])}
-		a.last = gpu.Totals{Reserved: uint64(v[2]), Allocated: uint64(v[5]), Active: uint64(v[8])}
+	err = r.levels(k, b0, b1, s, func(a levelAcc) {
 		aggs[a.b-b0] = a
 		stored[a.b-b0] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	})
+	if err != nil {
 		return Usage{}, err
 	}
 
@@ -692,11 +692,77 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 			carry = a.last
 		}
 		out.Buckets[i] = UsageBucket{StartUS: (b0 + int64(i)) << k, Events: a.n,
-			Reserved:  Range{lo.Reserved, hi.Reserved},
-			Allocated: Range{lo.Allocated, hi.Allocated},
-			Active:    Range{lo.Active, hi.Active}}
+			Reserved:  s.pick(SeriesReserved, Range{lo.Reserved, hi.Reserved}),
+			Allocated: s.pick(SeriesAllocated, Range{lo.Allocated, hi.Allocated}),
+			Active:    s.pick(SeriesActive, Range{lo.Active, hi.Active})}
 	}
 	return out, nil
+}
+
+// levels calls fn with the stored usage buckets of level k from b0 to b1,
+// with the series s picks. Only those columns are read, into plain values
+// (database/sql converts into typed pointers by reflection): a run's
+// heatmap reads a hundred thousand buckets.
+func (r *reader) levels(k int, b0, b1 int64, s Series, fn func(levelAcc)) error {
+	cols := "b, n"
+	var picked []*uint64 // where each number after b and n goes, in a
+	var a levelAcc
+	for _, c := range []struct {
+		s      Series
+		prefix string
+		min    *uint64
+		max    *uint64
+		last   *uint64
+	}{
+		{SeriesReserved, "res", &a.min.Reserved, &a.max.Reserved, &a.last.Reserved},
+		{SeriesAllocated, "alloc", &a.min.Allocated, &a.max.Allocated, &a.last.Allocated},
+		{SeriesActive, "act", &a.min.Active, &a.max.Active, &a.last.Active},
+	} {
+		if s&c.s != 0 {
+			cols += fmt.Sprintf(", %[1]s_min, %[1]s_max, %[1]s_last", c.prefix)
+			picked = append(picked, c.min, c.max, c.last)
+		}
+	}
+	rows, err := r.tx.Query("SELECT "+cols+" FROM usage_levels WHERE tid = ? AND k = ? AND b BETWEEN ? AND ?", r.tid, k, b0, b1)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	vals := make([]any, 2+len(picked))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return err
+		}
+		a = levelAcc{valid: true}
+		for j, v := range vals {
+			n, ok := v.(int64)
+			if !ok {
+				return fmt.Errorf("trace %s: usage level %d: %T in column %d", r.trace.ID, k, v, j)
+			}
+			switch j {
+			case 0:
+				a.b = n
+			case 1:
+				a.n = n
+			default:
+				*picked[j-2] = uint64(n)
+			}
+		}
+		fn(a)
+	}
+	return rows.Err()
+}
+
+// pick is r when s picks series t, else zero.
+func (s Series) pick(t Series, r Range) Range {
+	if s&t == 0 {
+		return Range{}
+	}
+	return r
 }
 
 func (a *allocRec) allocation() gpu.Allocation {

@@ -1,0 +1,221 @@
+package store
+
+// Runs: the ranks of one job, each an upload (see uploads.go).
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	"vramscope/gpu"
+)
+
+// ErrRankTaken is returned (wrapped) when a run already has an upload for
+// a rank.
+var ErrRankTaken = errors.New("rank already taken")
+
+// CreateRun stores a run's record and returns its id; its ranks join it
+// as uploads (gpu.Upload.Run and Rank). worldSize is how many ranks the
+// job had (0: unknown).
+func (db *DB) CreateRun(name string, worldSize int) (string, error) {
+	id := newTraceID()
+	err := db.write(func(tx *sql.Tx) error { return insertRun(tx, id, name, worldSize) })
+	if err != nil {
+		return "", fmt.Errorf("store: create run: %w", err)
+	}
+	return id, nil
+}
+
+func insertRun(tx *sql.Tx, id, name string, worldSize int) error {
+	_, err := tx.Exec("INSERT INTO runs (id, name, created_us, world_size) VALUES (?,?,?,?)", id, name, time.Now().UnixMicro(), max(worldSize, 0))
+	return err
+}
+
+// JoinRun returns the newest run named name that has no upload for rank
+// yet, creating one when there is none: the ranks of a job that stream
+// live each find the run the first of them made. A world size it learns
+// is kept.
+func (db *DB) JoinRun(name string, rank, worldSize int) (string, error) {
+	var id string
+	err := db.write(func(tx *sql.Tx) error {
+		err := tx.QueryRow(`SELECT id FROM runs r WHERE name = ? AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.run = r.id AND u.rank = ?)
+			ORDER BY created_us DESC LIMIT 1`, name, rank).Scan(&id)
+		if errors.Is(err, sql.ErrNoRows) {
+			id = newTraceID()
+			return insertRun(tx, id, name, worldSize)
+		}
+		if err != nil {
+			return err
+		}
+		if worldSize > 0 {
+			_, err = tx.Exec("UPDATE runs SET world_size = max(world_size, ?) WHERE id = ?", worldSize, id)
+		}
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("store: join run %q: %w", name, err)
+	}
+	return id, nil
+}
+
+// checkRank checks that run exists and has no upload for rank.
+func checkRank(q querier, run string, rank int) error {
+	var n int
+	if err := q.QueryRow("SELECT count(*) FROM runs WHERE id = ?", run).Scan(&n); err != nil {
+		return err
+	}
+	if n == 0 {
+		return fmt.Errorf("run %q: %w", run, ErrNotFound)
+	}
+	if rank < 0 {
+		return fmt.Errorf("run %q: rank %d is negative", run, rank)
+	}
+	if err := q.QueryRow("SELECT count(*) FROM uploads WHERE run = ? AND rank = ?", run, rank).Scan(&n); err != nil {
+		return err
+	}
+	if n > 0 {
+		return fmt.Errorf("run %q, rank %d: %w", run, rank, ErrRankTaken)
+	}
+	return nil
+}
+
+// Run returns a run with its ranks, by rank, each with its traces by
+// device.
+func (db *DB) Run(id string) (gpu.Run, error) {
+	r := gpu.Run{ID: id}
+	var created int64
+	err := db.r.QueryRow("SELECT name, created_us, world_size FROM runs WHERE id = ?", id).Scan(&r.Name, &created, &r.WorldSize)
+	if errors.Is(err, sql.ErrNoRows) {
+		return r, fmt.Errorf("run %q: %w", id, ErrNotFound)
+	}
+	if err != nil {
+		return r, err
+	}
+	r.Created = time.UnixMicro(created).UTC()
+	ts, err := db.queryTraces(`WHERE upload IN (SELECT id FROM uploads WHERE run = ?1)
+		ORDER BY (SELECT rank FROM uploads u WHERE u.id = traces.upload), device_ordinal, tid`, id)
+	if err != nil {
+		return r, err
+	}
+	ranks, err := db.uploadRanks(id)
+	if err != nil {
+		return r, err
+	}
+	for _, t := range ts {
+		n := len(r.Ranks)
+		if n == 0 || r.Ranks[n-1].Upload != t.Upload {
+			r.Ranks = append(r.Ranks, gpu.RunRank{Rank: ranks[t.Upload], Upload: t.Upload})
+			n++
+		}
+		r.Ranks[n-1].Traces = append(r.Ranks[n-1].Traces, t)
+	}
+	return r, nil
+}
+
+// uploadRanks maps the uploads of a run to their ranks.
+func (db *DB) uploadRanks(run string) (map[string]int, error) {
+	rows, err := db.r.Query("SELECT id, rank FROM uploads WHERE run = ?", run)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := map[string]int{}
+	for rows.Next() {
+		var id string
+		var rank int
+		if err := rows.Scan(&id, &rank); err != nil {
+			return nil, err
+		}
+		out[id] = rank
+	}
+	return out, rows.Err()
+}
+
+// RunOf says which run upload is a rank of; ok is false for none.
+func (db *DB) RunOf(upload string) (of gpu.RunOf, ok bool, err error) {
+	if upload == "" {
+		return of, false, nil
+	}
+	err = db.r.QueryRow(`SELECT r.id, r.name, u.rank, r.world_size FROM uploads u JOIN runs r ON r.id = u.run WHERE u.id = ?`, upload).
+		Scan(&of.ID, &of.Name, &of.Rank, &of.WorldSize)
+	if errors.Is(err, sql.ErrNoRows) {
+		return of, false, nil
+	}
+	return of, err == nil, err
+}
+
+// DeleteRun removes a run with every upload of it and their traces.
+func (db *DB) DeleteRun(id string) error {
+	var uploads []string
+	err := db.write(func(tx *sql.Tx) error {
+		var n int
+		if err := tx.QueryRow("SELECT count(*) FROM runs WHERE id = ?", id).Scan(&n); err != nil {
+			return err
+		}
+		if n == 0 {
+			return fmt.Errorf("run %q: %w", id, ErrNotFound)
+		}
+		rows, err := tx.Query("SELECT id FROM uploads WHERE run = ?", id)
+		if err != nil {
+			return err
+		}
+		defer rows.Close()
+		for rows.Next() {
+			var u string
+			if err := rows.Scan(&u); err != nil {
+				return err
+			}
+			uploads = append(uploads, u)
+		}
+		return rows.Err()
+	})
+	if err != nil {
+		return err
+	}
+	for _, u := range uploads {
+		if err := db.DeleteUpload(u); err != nil && !errors.Is(err, ErrNotFound) {
+			return err
+		}
+	}
+	return db.write(func(tx *sql.Tx) error {
+		_, err := tx.Exec("DELETE FROM runs WHERE id = ?", id)
+		return err
+	})
+}
+
+// dropEmptyRun removes run when no upload of it is left.
+func dropEmptyRun(tx *sql.Tx, run string) error {
+	if run == "" {
+		return nil
+	}
+	_, err := tx.Exec("DELETE FROM runs WHERE id = ? AND NOT EXISTS (SELECT 1 FROM uploads WHERE run = ?)", run, run)
+	return err
+}
+
+// Usages is UsageOf several traces over one window, read on every core:
+// the rows of a run's heatmap. The buckets of traces asked for the same
+// window line up.
+func (db *DB) Usages(ids []string, t0, t1 int64, n int, s Series) ([]Usage, error) {
+	out := make([]Usage, len(ids))
+	errs := make([]error, len(ids))
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.NumCPU(), len(ids)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				out[i], errs[i] = db.UsageOf(ids[i], t0, t1, n, s)
+			}
+		}()
+	}
+	for i := range ids {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,193 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"testing"
+
+	"vramscope/gpu"
+)
+
+// rankTrace stores a trace of n generated events as device dev of a new
+// upload that is rank of run.
+func rankTrace(t *testing.T, db *DB, run string, rank, dev, n int, seed uint64) gpu.Trace {
+	t.Helper()
+	up, err := db.CreateUpload(gpu.Upload{Name: fmt.Sprintf("rank %d", rank), Top: "{}", Run: run, Rank: rank})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return deviceTrace(t, db, up, dev, n, seed)
+}
+
+func deviceTrace(t *testing.T, db *DB, upload string, dev, n int, seed uint64) gpu.Trace {
+	t.Helper()
+	meta := testMeta
+	meta.Upload, meta.DeviceOrdinal = upload, dev
+	w, err := db.CreateTrace(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Emit(newGen(seed, 50).events(n))
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := db.Trace(w.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
+func TestRunGroupsRanks(t *testing.T) {
+	db, _ := openTemp(t)
+	empty := countRows(t, db)
+	run, err := db.CreateRun("job", 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r2 := rankTrace(t, db, run, 2, 0, 300, 1)
+	r0 := rankTrace(t, db, run, 0, 0, 200, 2)
+	r0b := deviceTrace(t, db, r0.Upload, 1, 100, 3) // rank 0's second device
+	alone := deviceTrace(t, db, "", 0, 50, 4)
+
+	got, err := db.Run(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Name != "job" || got.WorldSize != 4 || len(got.Ranks) != 2 {
+		t.Fatalf("run %+v", got)
+	}
+	ids := func(ts []gpu.Trace) (out []string) {
+		for _, t := range ts {
+			out = append(out, t.ID)
+		}
+		return out
+	}
+	if rk := got.Ranks[0]; rk.Rank != 0 || rk.Upload != r0.Upload || !reflect.DeepEqual(ids(rk.Traces), []string{r0.ID, r0b.ID}) {
+		t.Errorf("rank 0: %+v", rk)
+	}
+	if rk := got.Ranks[1]; rk.Rank != 2 || !reflect.DeepEqual(ids(rk.Traces), []string{r2.ID}) {
+		t.Errorf("rank 2: %+v", rk)
+	}
+	of, ok, err := db.RunOf(r2.Upload)
+	if err != nil || !ok || of != (gpu.RunOf{ID: run, Name: "job", Rank: 2, WorldSize: 4}) {
+		t.Errorf("RunOf = %+v, %v, %v", of, ok, err)
+	}
+	if _, ok, err := db.RunOf(alone.Upload); ok || err != nil {
+		t.Errorf("a trace on its own is in a run: %v %v", ok, err)
+	}
+	if u, err := db.Upload(r2.Upload); err != nil || u.Run != run || u.Rank != 2 {
+		t.Errorf("upload %+v, %v", u, err)
+	}
+
+	// A rank is one upload.
+	if _, err := db.CreateUpload(gpu.Upload{Name: "again", Top: "{}", Run: run, Rank: 2}); !errors.Is(err, ErrRankTaken) {
+		t.Errorf("a second rank 2: %v", err)
+	}
+	if _, err := db.CreateUpload(gpu.Upload{Name: "x", Top: "{}", Run: "nonesuch", Rank: 0}); !errors.Is(err, ErrNotFound) {
+		t.Errorf("an upload of a missing run: %v", err)
+	}
+
+	// Deleting every trace of a rank removes it; the last rank takes the run.
+	if err := db.DeleteTrace(r2.ID); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := db.Run(run); len(got.Ranks) != 1 {
+		t.Errorf("after deleting rank 2: %+v", got.Ranks)
+	}
+	if err := db.DeleteRun(run); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Run(run); !errors.Is(err, ErrNotFound) {
+		t.Errorf("run after DeleteRun: %v", err)
+	}
+	if err := db.DeleteRun(run); !errors.Is(err, ErrNotFound) {
+		t.Errorf("second DeleteRun: %v", err)
+	}
+	if _, err := db.Trace(alone.ID); err != nil {
+		t.Errorf("DeleteRun took a trace of no run: %v", err)
+	}
+	if err := db.DeleteTrace(alone.ID); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	db.r.QueryRow("SELECT (SELECT count(*) FROM uploads) + (SELECT count(*) FROM runs)").Scan(&n)
+	if n != 0 || countRows(t, db) != empty {
+		t.Errorf("%d uploads and runs, %d rows left", n, countRows(t, db)-empty)
+	}
+
+	// The last trace of a run's last rank takes the run with it.
+	run, _ = db.CreateRun("short", 0)
+	one := rankTrace(t, db, run, 0, 0, 10, 5)
+	if err := db.DeleteTrace(one.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Run(run); !errors.Is(err, ErrNotFound) {
+		t.Errorf("an empty run is left: %v", err)
+	}
+}
+
+func TestJoinRun(t *testing.T) {
+	db, _ := openTemp(t)
+	a, err := db.JoinRun("job", 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rankTrace(t, db, a, 0, 0, 10, 1)
+	// Rank 1 of the same job finds the run; the world size it says is kept.
+	if b, err := db.JoinRun("job", 1, 2); err != nil || b != a {
+		t.Fatalf("rank 1 joined %q (%v), want %q", b, err, a)
+	}
+	if r, _ := db.Run(a); r.WorldSize != 2 {
+		t.Errorf("world size %d", r.WorldSize)
+	}
+	// Rank 0 again is the next job of that name.
+	c, err := db.JoinRun("job", 0, 0)
+	if err != nil || c == a {
+		t.Fatalf("a second rank 0 joined %q (%v)", c, err)
+	}
+	rankTrace(t, db, c, 0, 0, 10, 2)
+	if d, _ := db.JoinRun("job", 1, 0); d != c {
+		t.Errorf("rank 1 of the newer job joined %q, want %q", d, c)
+	}
+	if e, _ := db.JoinRun("other", 1, 0); e == a || e == c {
+		t.Errorf("another name joined %q", e)
+	}
+}
+
+// Usages answers as Usage does, trace by trace, with only the series it
+// is asked for.
+func TestUsagesOfARun(t *testing.T) {
+	db, _ := openTemp(t)
+	run, _ := db.CreateRun("job", 0)
+	var ids []string
+	t0, t1 := int64(1<<62), int64(0)
+	for rank := range 5 {
+		tr := rankTrace(t, db, run, rank, 0, 3000+1000*rank, uint64(rank+1))
+		ids = append(ids, tr.ID)
+		t0, t1 = min(t0, tr.FirstUS), max(t1, tr.LastUS)
+	}
+	got, err := db.Usages(ids, t0, t1, 30, SeriesAllocated)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		want, err := db.Usage(id, t0, t1, 30)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[i].BucketUS != want.BucketUS || len(got[i].Buckets) != len(want.Buckets) {
+			t.Fatalf("trace %d: %d buckets of %d µs, want %d of %d", i, len(got[i].Buckets), got[i].BucketUS, len(want.Buckets), want.BucketUS)
+		}
+		for j, b := range got[i].Buckets {
+			w := want.Buckets[j]
+			if b.StartUS != w.StartUS || b.Events != w.Events || b.Allocated != w.Allocated || b.Reserved != (Range{}) || b.Active != (Range{}) {
+				t.Fatalf("trace %d bucket %d: %+v, want allocated of %+v", i, j, b, w)
+			}
+		}
+	}
+	if _, err := db.Usages(append(ids, "nonesuch"), t0, t1, 300, AllSeries); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a missing trace: %v", err)
+	}
+}
