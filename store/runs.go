@@ -34,31 +34,35 @@ func insertRun(tx *sql.Tx, id, name string, worldSize int) error {
 	return err
 }
 
-// JoinRun returns the newest run named name that has no upload for rank
-// yet, creating one when there is none: the ranks of a job that stream
+// JoinRun stores upload u as rank u.Rank of the newest run named name
+// that has no upload for that rank yet, creating the run when there is
+// none, and returns u with its ID and Run: the ranks of a job that stream
 // live each find the run the first of them made. A world size it learns
-// is kept.
-func (db *DB) JoinRun(name string, rank, worldSize int) (string, error) {
-	var id string
+// (0: unknown) is kept.
+func (db *DB) JoinRun(name string, worldSize int, u gpu.Upload) (gpu.Upload, error) {
+	if u.Rank < 0 {
+		return u, fmt.Errorf("store: join run %q: rank %d is negative", name, u.Rank)
+	}
+	u.ID = NewUploadID()
 	err := db.write(func(tx *sql.Tx) error {
 		err := tx.QueryRow(`SELECT id FROM runs r WHERE name = ? AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.run = r.id AND u.rank = ?)
-			ORDER BY created_us DESC LIMIT 1`, name, rank).Scan(&id)
-		if errors.Is(err, sql.ErrNoRows) {
-			id = newTraceID()
-			return insertRun(tx, id, name, worldSize)
+			ORDER BY created_us DESC LIMIT 1`, name, u.Rank).Scan(&u.Run)
+		switch {
+		case errors.Is(err, sql.ErrNoRows):
+			u.Run = newTraceID()
+			err = insertRun(tx, u.Run, name, worldSize)
+		case err == nil && worldSize > 0:
+			_, err = tx.Exec("UPDATE runs SET world_size = max(world_size, ?) WHERE id = ?", worldSize, u.Run)
 		}
 		if err != nil {
 			return err
 		}
-		if worldSize > 0 {
-			_, err = tx.Exec("UPDATE runs SET world_size = max(world_size, ?) WHERE id = ?", worldSize, id)
-		}
-		return err
+		return insertUpload(tx, u.ID, u)
 	})
 	if err != nil {
-		return "", fmt.Errorf("store: join run %q: %w", name, err)
+		return u, fmt.Errorf("store: join run %q: %w", name, err)
 	}
-	return id, nil
+	return u, nil
 }
 
 // checkRank checks that run exists and has no upload for rank.

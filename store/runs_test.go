@@ -130,29 +130,38 @@ func TestRunGroupsRanks(t *testing.T) {
 
 func TestJoinRun(t *testing.T) {
 	db, _ := openTemp(t)
-	a, err := db.JoinRun("job", 0, 0)
-	if err != nil {
-		t.Fatal(err)
+	join := func(name string, rank, world int) gpu.Upload {
+		t.Helper()
+		u, err := db.JoinRun(name, world, gpu.Upload{Name: fmt.Sprintf("%s rank %d", name, rank), Top: "{}", Rank: rank})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, err := db.Upload(u.ID); err != nil || got.Run != u.Run || got.Rank != rank {
+			t.Fatalf("stored %+v, %v; want %+v", got, err, u)
+		}
+		return u
 	}
-	rankTrace(t, db, a, 0, 0, 10, 1)
+	a := join("job", 0, 0)
 	// Rank 1 of the same job finds the run; the world size it says is kept.
-	if b, err := db.JoinRun("job", 1, 2); err != nil || b != a {
-		t.Fatalf("rank 1 joined %q (%v), want %q", b, err, a)
+	if b := join("job", 1, 2); b.Run != a.Run {
+		t.Fatalf("rank 1 joined %q, want %q", b.Run, a.Run)
 	}
-	if r, _ := db.Run(a); r.WorldSize != 2 {
+	if r, _ := db.Run(a.Run); r.WorldSize != 2 {
 		t.Errorf("world size %d", r.WorldSize)
 	}
 	// Rank 0 again is the next job of that name.
-	c, err := db.JoinRun("job", 0, 0)
-	if err != nil || c == a {
-		t.Fatalf("a second rank 0 joined %q (%v)", c, err)
+	c := join("job", 0, 0)
+	if c.Run == a.Run {
+		t.Fatal("a second rank 0 joined the first run")
 	}
-	rankTrace(t, db, c, 0, 0, 10, 2)
-	if d, _ := db.JoinRun("job", 1, 0); d != c {
-		t.Errorf("rank 1 of the newer job joined %q, want %q", d, c)
+	if d := join("job", 1, 0); d.Run != c.Run {
+		t.Errorf("rank 1 of the newer job joined %q, want %q", d.Run, c.Run)
 	}
-	if e, _ := db.JoinRun("other", 1, 0); e == a || e == c {
-		t.Errorf("another name joined %q", e)
+	if e := join("other", 1, 0); e.Run == a.Run || e.Run == c.Run {
+		t.Errorf("another name joined %q", e.Run)
+	}
+	if _, err := db.JoinRun("job", 0, gpu.Upload{Top: "{}", Rank: -1}); err == nil {
+		t.Error("a negative rank joined")
 	}
 }
 
