@@ -99,7 +99,7 @@ func (db *DB) Run(id string) (gpu.Run, error) {
 		return r, err
 	}
 	r.Created = time.UnixMicro(created).UTC()
-	ts, err := db.queryTraces(`WHERE upload IN (SELECT id FROM uploads WHERE run = ?1)
+	ts, err := db.queryTraces(`WHERE upload IN (SELECT id FROM uploads WHERE run = ?1) AND `+hidden+`
 		ORDER BY (SELECT rank FROM uploads u WHERE u.id = traces.upload), device_ordinal, tid`, id)
 	if err != nil {
 		return r, err

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -153,4 +155,29 @@ func RMMLog(reqs []replay.Request) string {
 		fmt.Fprintf(&b, "1,10:00:00.%06d,%s,%#x,%d,0x0\n", i, action, 0x7f0000000000+r.ID<<24, sizes[r.ID])
 	}
 	return b.String()
+}
+
+// SyntheticSnapshot returns a synthetic PyTorch snapshot of about events
+// trace entries (450k make ~100 MB), made once with python3
+// (pytorch/testdata/gen_synthetic.py) and kept in the temp dir, never
+// committed. The test is skipped without python3.
+func SyntheticSnapshot(tb testing.TB, events int) string {
+	tb.Helper()
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-synthetic-%d.pickle", events))
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		tb.Skip("python3 is needed to make the synthetic snapshot")
+	}
+	_, here, _, _ := runtime.Caller(0)
+	gen := filepath.Join(filepath.Dir(here), "..", "..", "pytorch", "testdata", "gen_synthetic.py")
+	out, err := exec.Command("python3", gen, path+".tmp", strconv.Itoa(events)).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("gen_synthetic.py: %v\n%s", err, out)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }
