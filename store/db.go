@@ -119,6 +119,9 @@ func (db *DB) enableAutoVacuum() {
 	}
 }
 
+// Path is the database file's absolute path.
+func (db *DB) Path() string { return db.path }
+
 // Close waits for pending writes and closes the database. Writers still open
 // are left live; the next Open marks their traces incomplete.
 func (db *DB) Close() error {

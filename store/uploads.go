@@ -47,6 +47,46 @@ func insertUpload(tx *sql.Tx, id string, u gpu.Upload) error {
 	return err
 }
 
+// StagedUpload is an import's upload waiting to be published: its id
+// (from NewUploadID), record, annotations and import writers.
+type StagedUpload struct {
+	ID          string
+	Upload      gpu.Upload
+	Annotations []gpu.Annotation
+	Writers     []*Writer
+}
+
+// PublishRun stores a new run named name of the staged uploads (each
+// Upload.Rank its rank) and shows all their traces, in one transaction,
+// and returns the run's id. worldSize is how many ranks the job had (0:
+// unknown). After an error nothing is shown; Abort the writers.
+func (db *DB) PublishRun(name string, worldSize int, ups []StagedUpload) (string, error) {
+	run := newTraceID()
+	var ws []*Writer
+	for _, u := range ups {
+		ws = append(ws, u.Writers...)
+	}
+	err := db.publish(ws, func(tx *sql.Tx) error {
+		if err := insertRun(tx, run, name, worldSize); err != nil {
+			return err
+		}
+		for _, u := range ups {
+			u.Upload.Run = run
+			if err := insertUpload(tx, u.ID, u.Upload); err != nil {
+				return err
+			}
+			if err := insertAnnotations(tx, u.ID, u.Annotations); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("store: publish run %q: %w", name, err)
+	}
+	return run, nil
+}
+
 // PublishUpload is Publish for the import writers of one upload: the
 // upload's record (id from NewUploadID) and its annotations are stored in
 // the same transaction that shows the traces.
