@@ -133,7 +133,7 @@ func BenchmarkImportRun(b *testing.B) {
 		}
 		runtime.GC()
 		start = time.Now()
-		if _, _, err := ingest.Run(context.Background(), db, "bench", ingest.Files(paths, nil), pytorch.Options{}); err != nil {
+		if _, _, err := ingest.Run(context.Background(), db, "bench", ingest.Files(paths), pytorch.Options{}); err != nil {
 			b.Fatal(err)
 		}
 		run += time.Since(start)

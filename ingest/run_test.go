@@ -42,7 +42,7 @@ func copyAs(t *testing.T, dir, real, name string) string {
 func TestRunOfRealSnapshots(t *testing.T) {
 	db := testkit.OpenDB(t)
 	files := []string{testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"), testkit.Snapshot(t, "expandable_oom_multigpu.pickle")}
-	run, ranks, err := ingest.Run(context.Background(), db, "job", ingest.Files(files, nil), pytorch.Options{})
+	run, ranks, err := ingest.Run(context.Background(), db, "job", ingest.Files(files), pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,10 +102,10 @@ func TestRunRanks(t *testing.T) {
 	}
 	a := copyAs(t, dir, "windows_paths_small.pickle", "snap_rank3.pickle")
 	b := copyAs(t, dir, "settings_no_annotations.pickle", "job/rank1/snapshot.pickle")
-	if got := ranksOf(ingest.Files([]string{a, b}, nil)); !equal(got, []int{1, 3}) {
+	if got := ranksOf(ingest.Files([]string{a, b})); !equal(got, []int{1, 3}) {
 		t.Errorf("ranks from names: %v", got)
 	}
-	if got := ranksOf(ingest.Files([]string{a, b}, []int{7, 5})); !equal(got, []int{5, 7}) {
+	if got := ranksOf(ingest.WithRanks(ingest.Files([]string{a, b}), []int{7, 5})); !equal(got, []int{5, 7}) {
 		t.Errorf("ranks given: %v", got)
 	}
 
@@ -125,13 +125,13 @@ func TestRunRanks(t *testing.T) {
 	if err := os.WriteFile(md, buf.Bytes(), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if got := ranksOf(ingest.Files([]string{md, a}, nil)); !equal(got, []int{3, 4}) {
+	if got := ranksOf(ingest.Files([]string{md, a})); !equal(got, []int{3, 4}) {
 		t.Errorf("rank from user_metadata: %v", got)
 	}
 
 	before := countRows(t, path)
 	c := copyAs(t, dir, "settings_no_annotations.pickle", "other/rank3.pickle")
-	_, _, err = ingest.Run(context.Background(), db, "twice", ingest.Files([]string{a, c}, nil), pytorch.Options{})
+	_, _, err = ingest.Run(context.Background(), db, "twice", ingest.Files([]string{a, c}), pytorch.Options{})
 	var ie *ingest.InputError
 	if !errors.As(err, &ie) || !bytes.Contains([]byte(err.Error()), []byte("rank 3 twice")) {
 		t.Fatalf("two files of rank 3: %v", err)
@@ -194,7 +194,7 @@ func TestRunIsAllOrNothing(t *testing.T) {
 	if err := os.WriteFile(bad, []byte("\x80\x04not a snapshot"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_, _, err := ingest.Run(context.Background(), db, "broken", ingest.Files(append(good, bad), nil), pytorch.Options{})
+	_, _, err := ingest.Run(context.Background(), db, "broken", ingest.Files(append(good, bad)), pytorch.Options{})
 	var ie *ingest.InputError
 	if !errors.As(err, &ie) || !bytes.Contains([]byte(err.Error()), []byte("rank2.pickle")) {
 		t.Fatalf("got %v, want an input error naming rank2.pickle", err)
@@ -202,7 +202,7 @@ func TestRunIsAllOrNothing(t *testing.T) {
 	if n := countRows(t, path); n != 0 {
 		t.Errorf("%d rows left", n)
 	}
-	if _, _, err := ingest.Run(context.Background(), db, "none", ingest.Files(nil, nil), pytorch.Options{}); !errors.As(err, &ie) {
+	if _, _, err := ingest.Run(context.Background(), db, "none", ingest.Files(nil), pytorch.Options{}); !errors.As(err, &ie) {
 		t.Errorf("an empty run: %v", err)
 	}
 }

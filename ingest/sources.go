@@ -11,20 +11,19 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 
 	"vramscope/pytorch"
 )
 
 // Files is a RunSource of snapshot files on disk, read side by side.
-// ranks, when not nil, gives each file's rank.
-func Files(paths []string, ranks []int) RunSource {
-	return &fileSource{paths: paths, ranks: ranks}
+func Files(paths []string) RunSource {
+	return &fileSource{paths: paths}
 }
 
 type fileSource struct {
 	paths []string
-	ranks []int
 	next  int
 }
 
@@ -34,16 +33,74 @@ func (s *fileSource) Next() (RunFile, error) {
 	if s.next == len(s.paths) {
 		return RunFile{}, io.EOF
 	}
-	path, rank := s.paths[s.next], -1
-	if s.ranks != nil {
-		rank = s.ranks[s.next]
-	}
+	path := s.paths[s.next]
 	s.next++
 	f, err := os.Open(path)
 	if err != nil {
 		return RunFile{}, &InputError{err}
 	}
-	return RunFile{Name: path, R: f, Rank: rank, Close: f.Close}, nil
+	return RunFile{Name: path, R: f, Rank: -1, Close: f.Close}, nil
+}
+
+// WithRanks gives the files of src the ranks given, in order; more or
+// fewer files than ranks are an InputError.
+func WithRanks(src RunSource, ranks []int) RunSource {
+	return &rankedSource{RunSource: src, ranks: ranks}
+}
+
+type rankedSource struct {
+	RunSource
+	ranks []int
+	next  int
+}
+
+func (s *rankedSource) Next() (RunFile, error) {
+	f, err := s.RunSource.Next()
+	switch {
+	case err == io.EOF && s.next < len(s.ranks):
+		return f, &InputError{fmt.Errorf("%d ranks given for %d files", len(s.ranks), s.next)}
+	case err != nil:
+		return f, err
+	case s.next == len(s.ranks):
+		if f.Close != nil {
+			f.Close()
+		}
+		return RunFile{}, &InputError{fmt.Errorf("%d ranks given for more files (%s is one too many)", len(s.ranks), f.Name)}
+	}
+	f.Rank = s.ranks[s.next]
+	s.next++
+	return f, nil
+}
+
+// ParseRanks reads a list of ranks written 0,1,2.
+func ParseRanks(list string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 || n >= 1<<20 {
+			return nil, fmt.Errorf("%q is not a rank (0, 1, ...)", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// One is a RunSource of one stream, a run of one file.
+func One(name string, r io.Reader) RunSource { return &oneSource{f: RunFile{Name: name, R: r, Rank: -1}} }
+
+type oneSource struct {
+	f    RunFile
+	done bool
+}
+
+func (s *oneSource) Concurrent() bool { return false }
+
+func (s *oneSource) Next() (RunFile, error) {
+	if s.done {
+		return RunFile{}, io.EOF
+	}
+	s.done = true
+	return s.f, nil
 }
 
 // SnapshotFiles lists the files a command line names, in order: a folder

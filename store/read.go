@@ -302,12 +302,15 @@ func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot gpu.Totals, cn
 
 // initial is the state before the first event.
 func (r *reader) initial() (gpu.Totals, allocCounts, error) {
-	c, err := r.oneChunk("1 ORDER BY first_seq LIMIT 1")
-	if err != nil || c != nil {
-		if c == nil {
-			return gpu.Totals{}, allocCounts{}, err
-		}
-		return c.before, c.cnt, err
+	// The first chunk's totals, without its events.
+	var v [7]int64
+	err := r.tx.QueryRow("SELECT reserved0, allocated0, active0, allocs0, alloc_bytes0, frees0, free_bytes0 FROM chunks WHERE tid = ? ORDER BY first_seq LIMIT 1", r.tid).
+		Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])
+	if err == nil {
+		return gpu.Totals{Reserved: uint64(v[0]), Allocated: uint64(v[1]), Active: uint64(v[2])}, allocCounts{v[3], v[4], v[5], v[6]}, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return gpu.Totals{}, allocCounts{}, err
 	}
 	l, err := r.checkpoint(initialSeq)
 	if err != nil {

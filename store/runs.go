@@ -223,3 +223,110 @@ func (db *DB) Usages(ids []string, t0, t1 int64, n int, s Series) ([]Usage, erro
 	wg.Wait()
 	return out, errors.Join(errs...)
 }
+
+// Heatmap is a run's memory over one window, as its page draws it: a row
+// per trace (rank × device), each bucket the greatest value of one series
+// in it. Buckets are BucketUS wide from StartUS, the same for every row.
+type Heatmap struct {
+	Series   string       `json:"series"` // "allocated" or "reserved"
+	StartUS  int64        `json:"start_us"`
+	BucketUS int64        `json:"bucket_us"`
+	Rows     []HeatmapRow `json:"rows"`
+}
+
+// HeatmapRow is one trace of a run in a Heatmap.
+type HeatmapRow struct {
+	Rank   int             `json:"rank"`
+	Device int             `json:"device"`
+	Trace  string          `json:"trace"`
+	Name   string          `json:"name"`
+	Status gpu.TraceStatus `json:"status"`
+	// Peak is the series' peak over the whole trace: for allocated bytes
+	// after event PeakSeq at PeakUS, exactly; for reserved bytes PeakUS is
+	// the start of the window's bucket that reaches it, -1 when none does
+	// (PeakSeq -1).
+	Peak    uint64   `json:"peak_bytes"`
+	PeakUS  int64    `json:"peak_us"`
+	PeakSeq int64    `json:"peak_seq"`
+	OOMs    int64    `json:"oom_count"`
+	OOMUS   int64    `json:"oom_us"`  // the first OOM's time
+	OOMSeq  int64    `json:"oom_seq"` // and event; -1 without one
+	Max     []uint64 `json:"max"`
+}
+
+// HeatmapSeries are the series a heatmap shows, by name.
+var HeatmapSeries = map[string]Series{"allocated": SeriesAllocated, "reserved": SeriesReserved}
+
+// RunWindow is the time a run's traces span, [t0, t1].
+func RunWindow(r gpu.Run) (t0, t1 int64) {
+	t0, t1 = 1<<62, -1<<62
+	for _, rk := range r.Ranks {
+		for _, t := range rk.Traces {
+			if t.Events > 0 {
+				t0, t1 = min(t0, t.FirstUS), max(t1, t.LastUS)
+			}
+		}
+	}
+	if t1 < t0 {
+		return 0, 0
+	}
+	return t0, t1
+}
+
+// RunHeatmap reads the heatmap of run r over [t0, t1] in at most n
+// buckets, series "allocated" or "reserved".
+func (db *DB) RunHeatmap(r gpu.Run, t0, t1 int64, n int, series string) (Heatmap, error) {
+	s, ok := HeatmapSeries[series]
+	if !ok {
+		return Heatmap{}, fmt.Errorf("store: heatmap series %q (allocated or reserved)", series)
+	}
+	out := Heatmap{Series: series, Rows: []HeatmapRow{}}
+	var ids []string
+	for _, rk := range r.Ranks {
+		for _, t := range rk.Traces {
+			ids = append(ids, t.ID)
+			row := HeatmapRow{Rank: rk.Rank, Device: t.DeviceOrdinal, Trace: t.ID, Name: t.Name, Status: t.Status,
+				Peak: t.PeakAllocated, PeakUS: t.PeakUS, PeakSeq: t.PeakSeq, OOMs: t.OOMs, OOMSeq: -1}
+			if s == SeriesReserved {
+				row.Peak, row.PeakUS, row.PeakSeq = t.PeakReserved, -1, -1
+			}
+			if t.OOMs > 0 {
+				ins, err := db.Incidents(t.ID)
+				if err != nil {
+					return out, err
+				}
+				if len(ins) > 0 {
+					row.OOMUS, row.OOMSeq = ins[0].TimeUS, ins[0].Seq
+				}
+			}
+			out.Rows = append(out.Rows, row)
+		}
+	}
+	us, err := db.Usages(ids, t0, t1, n, s)
+	if err != nil {
+		return out, err
+	}
+	for i, u := range us {
+		row := &out.Rows[i]
+		out.BucketUS = u.BucketUS
+		if len(u.Buckets) > 0 {
+			out.StartUS = u.Buckets[0].StartUS
+		}
+		row.Max = make([]uint64, len(u.Buckets))
+		best := -1
+		for j, b := range u.Buckets {
+			v := b.Allocated.Max
+			if s == SeriesReserved {
+				v = b.Reserved.Max
+			}
+			row.Max[j] = v
+			if best < 0 || v > row.Max[best] {
+				best = j
+			}
+		}
+		if s == SeriesReserved && best >= 0 && row.Max[best] == row.Peak {
+			row.PeakUS = u.Buckets[best].StartUS
+		}
+	}
+	return out, nil
+}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -127,21 +128,23 @@ func (db *DB) runIDs() ([]string, error) {
 	return out, rows.Err()
 }
 
-// BenchmarkRunUsage reads a 128-rank run's heatmap (1M events per rank)
-// over the whole run in 1000 columns, as the run page asks for it.
-func BenchmarkRunUsage(b *testing.B) {
+// BenchmarkRunHeatmap: the answer to a run page of 128 ranks of 1M
+// events each, the whole run in 1000 columns: the heatmap read and its
+// JSON.
+func BenchmarkRunHeatmap(b *testing.B) {
 	db, r := benchRunDB(b, 128, 1_000_000)
 	defer db.Close()
-	var ids []string
-	t0, t1 := int64(1<<62), int64(-1<<62)
-	for _, rk := range r.Ranks {
-		for _, t := range rk.Traces {
-			ids = append(ids, t.ID)
-			t0, t1 = min(t0, t.FirstUS), max(t1, t.LastUS)
-		}
-	}
+	t0, t1 := RunWindow(r)
 	for b.Loop() {
-		if _, err := db.Usages(ids, t0, t1, 1000, SeriesAllocated); err != nil {
+		r, err := db.Run(r.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		h, err := db.RunHeatmap(r, t0, t1, 1000, "allocated")
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := json.Marshal(h); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -200,3 +200,92 @@ func TestUsagesOfARun(t *testing.T) {
 		t.Errorf("a missing trace: %v", err)
 	}
 }
+
+// A run's heatmap: a row per trace in rank order, each bucket the
+// greatest value of its series, the peaks and the first OOM marked.
+func TestRunHeatmap(t *testing.T) {
+	db, _ := openTemp(t)
+	run, _ := db.CreateRun("job", 2)
+	a := rankTrace(t, db, run, 1, 0, 4000, 1)
+	up, _ := db.CreateUpload(gpu.Upload{Name: "rank 0", Top: "{}", Run: run, Rank: 0})
+	meta := testMeta
+	meta.Upload = up
+	w, err := db.CreateTrace(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := newGen(2, 50).events(3000)
+	last := evs[len(evs)-1]
+	evs = append(evs, gpu.Event{Seq: last.Seq + 1, TimeUS: last.TimeUS + 5, Action: gpu.ActionOOM, Size: 1 << 40, DeviceFree: 1 << 20})
+	w.Emit(evs)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := db.Trace(w.ID())
+	r, err := db.Run(run)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0, t1 := RunWindow(r)
+	if t0 != min(a.FirstUS, b.FirstUS) || t1 != max(a.LastUS, b.LastUS) {
+		t.Fatalf("window [%d, %d]", t0, t1)
+	}
+	for _, series := range []string{"allocated", "reserved"} {
+		h, err := db.RunHeatmap(r, t0, t1, 40, series)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(h.Rows) != 2 || h.Rows[0].Trace != b.ID || h.Rows[1].Trace != a.ID || h.Rows[0].Rank != 0 {
+			t.Fatalf("%s rows %+v", series, h.Rows)
+		}
+		for i, tr := range []gpu.Trace{b, a} {
+			row := h.Rows[i]
+			u, err := db.Usage(tr.ID, t0, t1, 40)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.BucketUS != u.BucketUS || h.StartUS != u.Buckets[0].StartUS || len(row.Max) != len(u.Buckets) {
+				t.Fatalf("%s row %d: %d buckets of %d µs from %d", series, i, len(row.Max), h.BucketUS, h.StartUS)
+			}
+			top := uint64(0)
+			for j, bk := range u.Buckets {
+				want := bk.Allocated.Max
+				if series == "reserved" {
+					want = bk.Reserved.Max
+				}
+				if row.Max[j] != want {
+					t.Fatalf("%s row %d bucket %d: %d, want %d", series, i, j, row.Max[j], want)
+				}
+				top = max(top, want)
+			}
+			peak := tr.PeakAllocated
+			if series == "reserved" {
+				peak = tr.PeakReserved
+			}
+			if row.Peak != peak || top != peak {
+				t.Errorf("%s row %d: peak %d, buckets reach %d, the trace %d", series, i, row.Peak, top, peak)
+			}
+			if series == "allocated" && (row.PeakUS != tr.PeakUS || row.PeakSeq != tr.PeakSeq) {
+				t.Errorf("row %d: peak at %d (#%d), the trace's at %d (#%d)", i, row.PeakUS, row.PeakSeq, tr.PeakUS, tr.PeakSeq)
+			}
+			if series == "reserved" && (row.PeakSeq != -1 || row.PeakUS < t0 || row.Max[(row.PeakUS-h.StartUS)/h.BucketUS] != peak) {
+				t.Errorf("row %d: reserved peak at %d", i, row.PeakUS)
+			}
+		}
+		for i, tr := range []gpu.Trace{b, a} {
+			ins, err := db.Incidents(tr.ID)
+			if err != nil || len(ins) == 0 {
+				t.Fatalf("incidents %v %v", ins, err)
+			}
+			if row := h.Rows[i]; row.OOMs != int64(len(ins)) || row.OOMSeq != ins[0].Seq || row.OOMUS != ins[0].TimeUS {
+				t.Errorf("row %d: OOMs %d, first #%d at %d; the trace's %+v", i, row.OOMs, row.OOMSeq, row.OOMUS, ins[0])
+			}
+		}
+		if ins, _ := db.Incidents(b.ID); ins[len(ins)-1].Seq != last.Seq+1 {
+			t.Errorf("the last OOM is #%d", ins[len(ins)-1].Seq)
+		}
+	}
+	if _, err := db.RunHeatmap(r, t0, t1, 40, "active"); err == nil {
+		t.Error("series active accepted")
+	}
+}

@@ -1,11 +1,16 @@
 package main
 
 import (
+	"encoding/json"
+	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
+	"vramscope/internal/testkit"
 	"vramscope/store"
 )
 
@@ -49,5 +54,66 @@ func TestTraceRanksIsARun(t *testing.T) {
 	}
 	if code, _, errs := runCmd("trace", "--ranks", "2", "--parallel", "tp", "--db", db); code != 2 {
 		t.Errorf("--parallel tp: exit %d: %s", code, errs)
+	}
+}
+
+// import --run: a folder of rank files is one run; --json says each
+// rank's devices and traces.
+func TestImportRun(t *testing.T) {
+	dir := t.TempDir()
+	for rank, real := range []string{"snapshot_action_entry.pickle", "expandable_oom_multigpu.pickle"} {
+		b, err := os.ReadFile(testkit.Snapshot(t, real))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := filepath.Join(dir, "job", fmt.Sprintf("rank%d", rank))
+		os.MkdirAll(sub, 0o755)
+		if err := os.WriteFile(filepath.Join(sub, "snapshot.pickle"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := filepath.Join(dir, "v.db")
+	code, out, errs := runCmd("import", "--run", "job", filepath.Join(dir, "job"), "--db", db, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		Run   string `json:"run"`
+		Ranks []struct {
+			Rank    int    `json:"rank"`
+			File    string `json:"file"`
+			Devices []struct {
+				Device  int    `json:"device"`
+				OOMs    int    `json:"ooms"`
+				TraceID string `json:"trace_id"`
+			} `json:"devices"`
+		} `json:"ranks"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranks) != 2 || res.Ranks[1].Rank != 1 || len(res.Ranks[1].Devices) != 3 || res.Ranks[1].Devices[1].OOMs != 1 ||
+		!strings.HasSuffix(res.Ranks[0].File, filepath.Join("rank0", "snapshot.pickle")) {
+		t.Fatalf("%+v", res)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Run(res.Run)
+	s.Close()
+	if err != nil || len(r.Ranks) != 2 || r.Ranks[1].Traces[1].ID != res.Ranks[1].Devices[1].TraceID {
+		t.Fatalf("run %+v, %v", r, err)
+	}
+	for _, bad := range [][]string{
+		{"import", filepath.Join(dir, "job", "rank0", "snapshot.pickle"), filepath.Join(dir, "job", "rank1", "snapshot.pickle")},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0"},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0,b"},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--device", "1"},
+		{"import", "--run", "x", filepath.Join(dir, "nonesuch")},
+	} {
+		if code, _, errs := runCmd(append(bad, "--db", db)...); code != 2 {
+			t.Errorf("%v: exit %d: %s", bad, code, errs)
+		}
 	}
 }
