@@ -86,7 +86,9 @@ func ParseRanks(list string) ([]int, error) {
 }
 
 // One is a RunSource of one stream, a run of one file.
-func One(name string, r io.Reader) RunSource { return &oneSource{f: RunFile{Name: name, R: r, Rank: -1}} }
+func One(name string, r io.Reader) RunSource {
+	return &oneSource{f: RunFile{Name: name, R: r, Rank: -1}}
+}
 
 type oneSource struct {
 	f    RunFile
