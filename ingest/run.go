@@ -68,6 +68,7 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 		places  []int // each file's place, and whether its rank was found
 		found   []bool
 		first   error
+		ended   bool // Next said io.EOF: a source is not asked again
 		wg      sync.WaitGroup
 		workers = max(1, runtime.NumCPU())
 	)
@@ -88,7 +89,11 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 					turn.Lock()
 				}
 				mu.Lock()
-				f, err := src.Next()
+				f, err := RunFile{}, io.EOF
+				if !ended {
+					f, err = src.Next()
+				}
+				ended = ended || err == io.EOF
 				place := len(files)
 				if err == nil {
 					files = append(files, RunRank{Name: f.Name, Rank: f.Rank})

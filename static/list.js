@@ -1,6 +1,6 @@
 // The trace list: upload by drag-and-drop or file picker with a progress
 // bar, and delete with a second click to confirm.
-import { initTheme } from "./common.js";
+import { initTheme, authHeader, askToken } from "./common.js";
 
 initTheme();
 
@@ -15,18 +15,6 @@ function setStatus(text, isError) {
   status.classList.toggle("error", !!isError);
 }
 
-// A server that listens beyond loopback needs its token for writes: asked
-// for once on a 401, kept for the tab's session.
-const TOKEN_KEY = "vramscope-token";
-function authHeader() {
-  const t = sessionStorage.getItem(TOKEN_KEY);
-  return t ? { Authorization: "Bearer " + t } : {};
-}
-function askToken() {
-  const t = prompt("This vramscope server needs its token (printed when it started) for uploads and deletes:");
-  if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
-  return !!t;
-}
 
 /** Upload one file to POST /api/traces; on success open its trace. */
 function upload(f) {

@@ -151,43 +151,60 @@ func (db *DB) RunOf(upload string) (of gpu.RunOf, ok bool, err error) {
 	return of, err == nil, err
 }
 
-// DeleteRun removes a run with every upload of it and their traces.
+// DeleteRun removes a run with every upload of it and their traces, as
+// DeleteUpload does; a run with a trace still being written is refused
+// (ErrBusy).
 func (db *DB) DeleteRun(id string) error {
-	var uploads []string
-	err := db.write(func(tx *sql.Tx) error {
-		var n int
-		if err := tx.QueryRow("SELECT count(*) FROM runs WHERE id = ?", id).Scan(&n); err != nil {
-			return err
-		}
-		if n == 0 {
-			return fmt.Errorf("run %q: %w", id, ErrNotFound)
-		}
-		rows, err := tx.Query("SELECT id FROM uploads WHERE run = ?", id)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var u string
-			if err := rows.Scan(&u); err != nil {
+	var tids []int64
+	err := db.roomy(func() error {
+		tids = tids[:0]
+		return db.write(func(tx *sql.Tx) error {
+			var n int
+			if err := tx.QueryRow("SELECT count(*) FROM runs WHERE id = ?", id).Scan(&n); err != nil {
 				return err
 			}
-			uploads = append(uploads, u)
-		}
-		return rows.Err()
+			if n == 0 {
+				return fmt.Errorf("run %q: %w", id, ErrNotFound)
+			}
+			const ofRun = " upload IN (SELECT id FROM uploads WHERE run = ?)"
+			rows, err := tx.Query("SELECT tid, id, owner_pid, status FROM traces WHERE"+ofRun, id)
+			if err != nil {
+				return err
+			}
+			for rows.Next() {
+				var tid, pid int64
+				var trace, status string
+				if err := rows.Scan(&tid, &trace, &pid, &status); err != nil {
+					rows.Close()
+					return err
+				}
+				if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+					rows.Close()
+					return fmt.Errorf("trace %q of run %q is being written; stop its writer first: %w", trace, id, ErrBusy)
+				}
+				tids = append(tids, tid)
+			}
+			rows.Close()
+			if err := rows.Err(); err != nil {
+				return err
+			}
+			if _, err := tx.Exec("UPDATE traces SET status = ? WHERE"+ofRun, statusDeleting, id); err != nil {
+				return err
+			}
+			for _, q := range []string{"DELETE FROM annotations WHERE" + ofRun, "DELETE FROM uploads WHERE run = ?", "DELETE FROM runs WHERE id = ?"} {
+				if _, err := tx.Exec(q, id); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
 	})
-	if err != nil {
-		return err
-	}
-	for _, u := range uploads {
-		if err := db.DeleteUpload(u); err != nil && !errors.Is(err, ErrNotFound) {
-			return err
+	for _, tid := range tids {
+		if err == nil {
+			err = db.remove(tid)
 		}
 	}
-	return db.write(func(tx *sql.Tx) error {
-		_, err := tx.Exec("DELETE FROM runs WHERE id = ?", id)
-		return err
-	})
+	return err
 }
 
 // dropEmptyRun removes run when no upload of it is left.

@@ -27,7 +27,7 @@ const (
 //     micro-batches at once, so the first stage peaks.
 //
 // Ranks share one clock: a pipeline stage starts a micro-batch when the
-// stage before has sent it, and every step starts together.
+// stage before has sent it, and every step starts on every rank together.
 type Parallel struct {
 	Train
 	Ranks        int
@@ -65,7 +65,21 @@ func (p Parallel) Rank(r int) Workload {
 	if long, step := p.longBatch(); r == long {
 		t.SeqLens[step] = t.Seq
 	}
+	// Every step waits for the slowest rank's (all-reduce): about what a
+	// full-length batch takes, with room.
+	t.StepUS = p.stepUS()
 	return t
+}
+
+// stepUS is about how long a data-parallel step of full-length batches
+// takes: what its passes advance the clock by, plus room.
+func (p Parallel) stepUS() int64 {
+	t := p.Train
+	B, S, H, V := int64(t.Batch), int64(t.Seq), int64(t.Hidden), int64(t.Vocab)
+	heads := max(1, H/128)
+	layer := (16*B*S*H+B*heads*S*S)/4096 + 3*B*S*H/1024 + 400
+	params := int64(t.Layers)*12*H*H + 2*V*H
+	return (int64(t.Layers)*layer + B*S*V/4096 + params*int64(t.DtypeBytes)/65536 + 20_000) * 5 / 4
 }
 
 // longBatch is the one data-parallel rank whose batch, at one step, has

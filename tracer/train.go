@@ -26,7 +26,10 @@ type Train struct {
 	// SeqLens[i%len]), as batches of varying length give; else every step
 	// has Seq.
 	SeqLens []int
-	Seed    uint64
+	// StepUS, when set, is how far apart steps start, as when data-parallel
+	// ranks wait for each other every step.
+	StepUS int64
+	Seed   uint64
 }
 
 // DefaultTrain is a GPT-2-XL-sized run: about 1.5 B parameters.
@@ -45,11 +48,15 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 		return err
 	}
 	env.Clock.Advance(50_000)
+	start := env.Clock.US
 
 	adam := tensors{}
 	for step := 0; step < t.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return err
+		}
+		if t.StepUS > 0 {
+			env.Clock.US = max(env.Clock.US, start+int64(step)*t.StepUS)
 		}
 		env.begin(fmt.Sprintf("ProfilerStep#%d", step))
 		if len(t.SeqLens) > 0 {

@@ -61,13 +61,37 @@ func OpenDB(tb testing.TB) *store.DB {
 // the trace id. An OOM ends the run like a real job's.
 func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string) string {
 	tb.Helper()
+	return record(tb, db, name, "", w, capacity, conf)
+}
+
+// RecordRun records every rank of job as Record does, each rank an upload
+// of one run named name, and returns the run's id.
+func RecordRun(tb testing.TB, db *store.DB, name string, job tracer.Parallel, capacity uint64) string {
+	tb.Helper()
+	run, err := db.CreateRun(name, job.Ranks)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for r := range job.Ranks {
+		rank := fmt.Sprintf("%s rank %d", name, r)
+		up, err := db.CreateUpload(gpu.Upload{Name: rank, Top: "{}", Run: run, Rank: r})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		record(tb, db, rank, up, job.Rank(r), capacity, "")
+	}
+	return run
+}
+
+func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload, capacity uint64, conf string) string {
+	tb.Helper()
 	cfg, err := caching.ParseConfig(conf)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
 	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
-		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+		Capacity: capacity, Settings: cfg.String(), Upload: upload}, gpu.NewLayout(cfg.Rules))
 	if err != nil {
 		tb.Fatal(err)
 	}
