@@ -1,0 +1,83 @@
+package store
+
+import (
+	"testing"
+
+	"vramscope/gpu"
+)
+
+// The live set after any event is the layout's allocated blocks, each with
+// its segment's stream, the time of its alloc event, its stack and the
+// user_metadata of that event.
+func TestLiveSet(t *testing.T) {
+	db, _ := openTemp(t)
+	g := newGen(3, 300)
+	g.stacks = 5
+	evs := g.events(3*chunkSize + 100)
+	w := writeTrace(t, db, nil, evs, 5)
+	runs := []gpu.ExtraRun{{Seq: 0, Extra: 1}, {Seq: 1000, Extra: 0}, {Seq: 5000, Extra: 2}}
+	w.EventExtras([]gpu.EventExtra{{UserMetadata: "warmup"}, {UserMetadata: "steady"}}, runs)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	metaOf := func(seq int64) string {
+		switch {
+		case seq < 1000:
+			return "warmup"
+		case seq < 5000:
+			return ""
+		}
+		return "steady"
+	}
+	l := gpu.NewLayout(gpu.DefaultRules())
+	for i, e := range evs {
+		if err := l.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+		if i%997 != 0 && i != len(evs)-1 {
+			continue
+		}
+		ls, err := db.LiveAtSeq(w.ID(), e.Seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ls.Seq != e.Seq || ls.TimeUS != e.TimeUS {
+			t.Fatalf("after event %d (t %d): live set after %d at %d", e.Seq, e.TimeUS, ls.Seq, ls.TimeUS)
+		}
+		var n int
+		for si := range l.Segments {
+			s := &l.Segments[si]
+			for _, b := range s.Blocks {
+				if b.State != gpu.BlockAllocated {
+					continue
+				}
+				if n >= len(ls.Blocks) {
+					t.Fatalf("event %d: the live set lacks %+v", e.Seq, b)
+				}
+				got := ls.Blocks[n]
+				n++
+				if got.Block != b || got.Stream != s.Stream || got.AllocUS != evs[b.Seq].TimeUS || got.UserMetadata != metaOf(b.Seq) {
+					t.Fatalf("event %d: live block %+v, want %+v on stream %d at %d with %q", e.Seq, got, b, s.Stream, evs[b.Seq].TimeUS, metaOf(b.Seq))
+				}
+				if b.Stack != 0 && len(ls.Stacks[b.Stack]) != 2 {
+					t.Fatalf("event %d: stack %d missing", e.Seq, b.Stack)
+				}
+			}
+		}
+		if n != len(ls.Blocks) || ls.Bytes() != l.Figures().Allocated {
+			t.Fatalf("event %d: %d live blocks (%d bytes), the layout has %d (%d bytes)", e.Seq, len(ls.Blocks), ls.Bytes(), n, l.Figures().Allocated)
+		}
+	}
+	before, err := db.LiveAtSeq(w.ID(), -1)
+	if err != nil || before.Seq != -1 || len(before.Blocks) != 0 {
+		t.Errorf("before the trace: %+v, %v", before, err)
+	}
+	last := evs[len(evs)-1]
+	byTime, err := db.LiveAt(w.ID(), last.TimeUS+5)
+	if err != nil || byTime.Seq != last.Seq {
+		t.Errorf("after the end: %+v, %v", byTime, err)
+	}
+	if _, err := db.LiveAt("nope", 0); err == nil {
+		t.Error("an unknown trace gave a live set")
+	}
+}
