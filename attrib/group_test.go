@@ -12,7 +12,9 @@ import (
 )
 
 var (
-	userFrame = func(fn string, line uint64) gpu.Frame { return gpu.Frame{Name: fn, Filename: "/home/u/model.py", Line: line} }
+	userFrame = func(fn string, line uint64) gpu.Frame {
+		return gpu.Frame{Name: fn, Filename: "/home/u/model.py", Line: line}
+	}
 	libFrame  = gpu.Frame{Name: "forward", Filename: "/venv/lib/python3.12/site-packages/torch/nn/modules/linear.py", Line: 125}
 	cppFrame  = gpu.Frame{Name: "c10::cuda::CUDACachingAllocator::malloc(unsigned long)", Filename: "??"}
 	mainFrame = gpu.Frame{Name: "main", Filename: "/home/u/train.py", Line: 9}
@@ -153,7 +155,7 @@ func TestGroupSynthetic(t *testing.T) {
 func TestDiff(t *testing.T) {
 	a := synthetic()
 	b := synthetic()
-	b.Blocks = b.Blocks[:3]                                                              // no more block 3 (attn, 800) nor the stackless 1600
+	b.Blocks = b.Blocks[:3]                                                            // no more block 3 (attn, 800) nor the stackless 1600
 	b.Blocks = append(b.Blocks, store.LiveBlock{Block: gpu.Block{Size: 50, Stack: 2}}) // mlp +50
 	d := attrib.Diff(attrib.Group(a, attrib.ByFrame, attrib.Options{}), attrib.Group(b, attrib.ByFrame, attrib.Options{}))
 	want := []attrib.Delta{
