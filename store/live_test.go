@@ -81,3 +81,52 @@ func TestLiveSet(t *testing.T) {
 		t.Error("an unknown trace gave a live set")
 	}
 }
+
+// Peaks gives, for spans of any length and place (overlapping, empty,
+// past the end), the first event at the greatest allocated bytes in the
+// span, or the state entering it.
+func TestPeaks(t *testing.T) {
+	db, _ := openTemp(t)
+	evs := newGen(5, 200).events(3 * chunkSize)
+	w := writeTrace(t, db, nil, evs, 0)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	// after[i] is the allocated bytes after event i.
+	after := make([]uint64, len(evs))
+	l := gpu.NewLayout(gpu.DefaultRules())
+	for i, e := range evs {
+		if err := l.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+		after[i] = l.Figures().Allocated
+	}
+	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
+	spans := []Span{{first, last}, {first - 10, first - 1}, {last + 1, last + 100}, {evs[100].TimeUS, evs[100].TimeUS},
+		{evs[500].TimeUS, evs[4000].TimeUS}, {evs[3000].TimeUS, evs[9000].TimeUS}, {evs[7000].TimeUS + 1, evs[7000].TimeUS + 1}}
+	got, err := db.Peaks(w.ID(), spans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, s := range spans {
+		want := Peak{Seq: -1, TimeUS: first}
+		for i, e := range evs {
+			if e.TimeUS < s.T0 {
+				want = Peak{Seq: e.Seq, TimeUS: e.TimeUS, Allocated: after[i]}
+				continue
+			}
+			if e.TimeUS > s.T1 {
+				break
+			}
+			if after[i] > want.Allocated {
+				want = Peak{Seq: e.Seq, TimeUS: e.TimeUS, Allocated: after[i]}
+			}
+		}
+		if got[k] != want {
+			t.Errorf("span %d %+v: %+v, want %+v", k, s, got[k], want)
+		}
+	}
+	if _, err := db.Peaks(w.ID(), []Span{{5, 4}}); err == nil {
+		t.Error("a span ending before it starts was answered")
+	}
+}

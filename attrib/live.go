@@ -1,0 +1,225 @@
+package attrib
+
+import (
+	"sort"
+
+	"vramscope/gpu"
+	"vramscope/store"
+)
+
+// Instant names a moment of a trace: right after event Seq when BySeq,
+// else after the last event at or before TimeUS.
+type Instant struct {
+	BySeq  bool
+	Seq    int64
+	TimeUS int64
+}
+
+// Live is the live set at an instant with each block's category.
+type Live struct {
+	*store.LiveSet
+	Verdicts []Verdict // one per block
+	Regions  []Region  // the trace's annotated regions (steps, phases)
+}
+
+// At reads the live set of trace id at an instant and sorts its blocks
+// into categories.
+func At(db *store.DB, id string, at Instant) (*Live, error) {
+	c, err := NewCategorizer(db, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.At(at)
+}
+
+// Categorizer sorts the live sets of one trace into categories; it reads
+// the trace's regions once and keeps the layouts at the step and optimizer
+// boundaries it looked at, so that many instants of a trace cost little
+// more than their live sets.
+type Categorizer struct {
+	db      *store.DB
+	trace   gpu.Trace
+	regions []Region
+	// steps are the starts of the training steps, in order.
+	steps []int64
+	// phases are the time ranges of each phase; optimizer has each
+	// optimizer step separately (they are not merged across steps).
+	phases    map[Phase]spans
+	optimizer []Region
+	alive     map[int64]map[blockKey]bool
+}
+
+// NewCategorizer reads what categories need of trace id: its regions.
+func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
+	t, err := db.Trace(id)
+	if err != nil {
+		return nil, err
+	}
+	anns, err := db.Annotations(id)
+	if err != nil {
+		return nil, err
+	}
+	c := &Categorizer{db: db, trace: t, regions: Regions(anns, t.LastUS+1), phases: map[Phase]spans{},
+		alive: map[int64]map[blockKey]bool{}}
+	for _, r := range c.regions {
+		if r.Step >= 0 {
+			c.steps = append(c.steps, r.StartUS)
+		}
+		if r.Phase == PhaseOptimizer {
+			c.optimizer = append(c.optimizer, r)
+		}
+	}
+	for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+		c.phases[p] = spansOf(c.regions, func(r *Region) bool { return r.Phase == p })
+	}
+	return c, nil
+}
+
+// Regions are the trace's annotated regions, in order of start.
+func (c *Categorizer) Regions() []Region { return c.regions }
+
+// At reads the live set at an instant and sorts its blocks.
+func (c *Categorizer) At(at Instant) (*Live, error) {
+	var ls *store.LiveSet
+	var err error
+	if at.BySeq {
+		ls, err = c.db.LiveAtSeq(c.trace.ID, at.Seq)
+	} else {
+		ls, err = c.db.LiveAt(c.trace.ID, at.TimeUS)
+	}
+	if err != nil {
+		return nil, err
+	}
+	v, err := c.Verdicts(ls)
+	if err != nil {
+		return nil, err
+	}
+	return &Live{LiveSet: ls, Verdicts: v, Regions: c.regions}, nil
+}
+
+// blockKey names an allocation: its alloc seq, or for one made before the
+// trace its address with the top bit set.
+type blockKey uint64
+
+func keyOf(b *gpu.Block) blockKey {
+	if b.Seq < 0 {
+		return blockKey(1<<63 | b.Addr)
+	}
+	return blockKey(b.Seq)
+}
+
+// aliveAt is the set of allocations live after the events at or before t.
+func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
+	if s, ok := c.alive[t]; ok {
+		return s, nil
+	}
+	l, _, err := c.db.LayoutAt(c.trace.ID, t)
+	if err != nil {
+		return nil, err
+	}
+	s := map[blockKey]bool{}
+	for i := range l.Segments {
+		for j := range l.Segments[i].Blocks {
+			if b := &l.Segments[i].Blocks[j]; b.State == gpu.BlockAllocated {
+				s[keyOf(b)] = true
+			}
+		}
+	}
+	c.alive[t] = s
+	return s, nil
+}
+
+// aliveThen says whether b, live at t, was still live at u (u > t reads
+// the layout there; u <= t is known: a block live at t and made before u
+// was live at u).
+func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64) (bool, error) {
+	if u <= t {
+		return b.AllocUS < u, nil
+	}
+	s, err := c.aliveAt(u)
+	return s[keyOf(&b.Block)], err
+}
+
+// Verdicts sorts the blocks of a live set of this trace.
+func (c *Categorizer) Verdicts(ls *store.LiveSet) ([]Verdict, error) {
+	main := mainStream(ls)
+	t := ls.TimeUS
+	out := make([]Verdict, len(ls.Blocks))
+	for i := range ls.Blocks {
+		f, err := c.facts(&ls.Blocks[i], t, main)
+		if err != nil {
+			return nil, err
+		}
+		f.Stack = ls.Stacks[ls.Blocks[i].Stack]
+		out[i] = Categorize(f)
+	}
+	return out, nil
+}
+
+// mainStream is the stream holding most live bytes.
+func mainStream(ls *store.LiveSet) int64 {
+	by := map[int64]uint64{}
+	var best int64
+	for i := range ls.Blocks {
+		b := &ls.Blocks[i]
+		by[b.Stream] += b.Size
+		if by[b.Stream] > by[best] || by[b.Stream] == by[best] && b.Stream < best {
+			best = b.Stream
+		}
+	}
+	return best
+}
+
+// facts gathers what the rules ask of block b, live at time t.
+func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
+	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
+	end, err := c.aliveAt(c.trace.LastUS)
+	if err != nil {
+		return nil, err
+	}
+	f.NeverFreed = end[keyOf(&b.Block)]
+	made := b.AllocUS
+	if b.Seq >= 0 {
+		for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+			if c.phases[p].at(made) >= 0 {
+				f.Phases = append(f.Phases, p)
+			}
+		}
+	}
+	if len(c.steps) > 0 {
+		f.BeforeFirstStep = made < c.steps[0]
+		// The first step to start after it was made.
+		if i := sort.Search(len(c.steps), func(i int) bool { return c.steps[i] > made }); i < len(c.steps) {
+			alive, err := c.aliveThen(b, t, c.steps[i])
+			if err != nil {
+				return nil, err
+			}
+			f.AcrossStep = alive
+		}
+	}
+	opt := c.optimizer
+	i := sort.Search(len(opt), func(i int) bool { return opt[i].StartUS > made })
+	if i < len(opt) {
+		alive, err := c.aliveThen(b, t, opt[i].StartUS)
+		if err != nil {
+			return nil, err
+		}
+		f.AliveAtOptimizer = tri(alive)
+	}
+	// The optimizer step it was made in: the last to start at or before it.
+	if i > 0 && made < opt[i-1].EndUS {
+		alive, err := c.aliveThen(b, t, opt[i-1].EndUS)
+		if err != nil {
+			return nil, err
+		}
+		f.OutlivesOptimizer = tri(alive)
+	}
+	return f, nil
+}
+
+func tri(b bool) Tri {
+	if b {
+		return Yes
+	}
+	return No
+}
