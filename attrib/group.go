@@ -172,7 +172,10 @@ func (g *Grouped) order(root *Node, ls *store.LiveSet, minBytes uint64) {
 	visit = func(n *Node) {
 		n.B0 = len(g.Order)
 		g.Order = append(g.Order, n.own...)
-		slices.SortStableFunc(n.Children, func(a, b *Node) int { return cmp.Compare(b.Bytes, a.Bytes) })
+		// Largest first; ties by name, as pprof orders its rows.
+		slices.SortFunc(n.Children, func(a, b *Node) int {
+			return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Name, b.Name), strings.Compare(a.key, b.key))
+		})
 		keep := len(n.Children)
 		for keep > 0 && n.Children[keep-1].Bytes < minBytes {
 			keep--

@@ -96,31 +96,57 @@ func (r *reader) liveAtSeq(seq int64) (*LiveSet, error) {
 			}
 		}
 	}
-	seqs := make([]int64, 0, len(out.Blocks)+1)
 	if last >= 0 {
-		seqs = append(seqs, last)
+		times, err := r.timesOf([]int64{last})
+		if err != nil {
+			return nil, err
+		}
+		out.TimeUS = times[last]
 	}
-	for i := range out.Blocks {
-		if out.Blocks[i].Seq >= 0 {
-			seqs = append(seqs, out.Blocks[i].Seq)
+	return out, r.describe(out)
+}
+
+// NoInstant is LiveSet.TimeUS of allocations gathered from several
+// instants (Describe).
+const NoInstant int64 = -1 << 63
+
+// Describe gives allocations of any instants (the bands of a window) what a
+// live set has: their alloc times, stacks and user_metadata. Their streams
+// are not known (0); the set's Seq is -1 and its TimeUS NoInstant.
+func (db *DB) Describe(id string, blocks []gpu.Block) (*LiveSet, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	out := &LiveSet{Trace: id, Seq: -1, TimeUS: NoInstant, Stacks: map[gpu.StackID]gpu.Stack{}, Blocks: make([]LiveBlock, len(blocks))}
+	for i, b := range blocks {
+		out.Blocks[i] = LiveBlock{Block: b, AllocUS: gpu.BeforeTraceUS}
+	}
+	return out, r.describe(out)
+}
+
+// describe fills in the alloc times, stacks and user_metadata of ls's blocks.
+func (r *reader) describe(ls *LiveSet) error {
+	seqs := make([]int64, 0, len(ls.Blocks))
+	for i := range ls.Blocks {
+		if ls.Blocks[i].Seq >= 0 {
+			seqs = append(seqs, ls.Blocks[i].Seq)
 		}
 	}
 	times, err := r.timesOf(seqs)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	if last >= 0 {
-		out.TimeUS = times[last]
-	}
-	for i := range out.Blocks {
-		if s := out.Blocks[i].Seq; s >= 0 {
-			out.Blocks[i].AllocUS = times[s]
+	for i := range ls.Blocks {
+		if s := ls.Blocks[i].Seq; s >= 0 {
+			ls.Blocks[i].AllocUS = times[s]
 		}
 	}
-	if err := r.liveStacks(out); err != nil {
-		return nil, err
+	if err := r.liveStacks(ls); err != nil {
+		return err
 	}
-	return out, r.liveMetadata(out)
+	return r.liveMetadata(ls)
 }
 
 // timesOf maps events to their times, decoding each chunk that holds one
