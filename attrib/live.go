@@ -2,6 +2,7 @@ package attrib
 
 import (
 	"sort"
+	"sync"
 
 	"vramscope/gpu"
 	"vramscope/store"
@@ -46,8 +47,13 @@ type Categorizer struct {
 	// optimizer step separately (they are not merged across steps).
 	phases    map[Phase]spans
 	optimizer []Region
-	alive     map[int64]map[blockKey]bool
+
+	mu    sync.Mutex                  // guards alive: a categorizer serves concurrent requests
+	alive map[int64]map[blockKey]bool // the allocations live at boundaries looked at
 }
+
+// maxAlive bounds the layouts a categorizer keeps.
+const maxAlive = 64
 
 // NewCategorizer reads what categories need of trace id: its regions.
 func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
@@ -55,7 +61,7 @@ func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
 	if err != nil {
 		return nil, err
 	}
-	anns, err := db.Annotations(id)
+	anns, err := db.Marks(id)
 	if err != nil {
 		return nil, err
 	}
@@ -110,14 +116,17 @@ func keyOf(b *gpu.Block) blockKey {
 
 // aliveAt is the set of allocations live after the events at or before t.
 func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
-	if s, ok := c.alive[t]; ok {
+	c.mu.Lock()
+	s, ok := c.alive[t]
+	c.mu.Unlock()
+	if ok {
 		return s, nil
 	}
 	l, _, err := c.db.LayoutAt(c.trace.ID, t)
 	if err != nil {
 		return nil, err
 	}
-	s := map[blockKey]bool{}
+	s = map[blockKey]bool{}
 	for i := range l.Segments {
 		for j := range l.Segments[i].Blocks {
 			if b := &l.Segments[i].Blocks[j]; b.State == gpu.BlockAllocated {
@@ -125,7 +134,12 @@ func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
 			}
 		}
 	}
+	c.mu.Lock()
+	if len(c.alive) >= maxAlive {
+		clear(c.alive)
+	}
 	c.alive[t] = s
+	c.mu.Unlock()
 	return s, nil
 }
 
@@ -222,4 +236,63 @@ func tri(b bool) Tri {
 		return Yes
 	}
 	return No
+}
+
+// Cache keeps the categorizers of the traces last asked about, so that a
+// trace's regions are read once while it does not change (a trace being
+// written gets a new one as it grows). It is safe for concurrent use.
+type Cache struct {
+	mu      sync.Mutex
+	max     int
+	entries []cached // most recent last
+}
+
+type cached struct {
+	key cacheKey
+	c   *Categorizer
+}
+
+type cacheKey struct {
+	id             string
+	lastSeq, count int64
+	status         gpu.TraceStatus
+}
+
+// NewCache keeps the categorizers of up to n traces.
+func NewCache(n int) *Cache { return &Cache{max: max(1, n)} }
+
+// Categorizer returns trace id's categorizer, made anew when the trace
+// changed since.
+func (k *Cache) Categorizer(db *store.DB, id string) (*Categorizer, error) {
+	t, err := db.Trace(id)
+	if err != nil {
+		return nil, err
+	}
+	key := cacheKey{id, t.LastSeq, t.Events, t.Status}
+	k.mu.Lock()
+	for i, e := range k.entries {
+		if e.key == key {
+			k.entries = append(append(k.entries[:i:i], k.entries[i+1:]...), e)
+			k.mu.Unlock()
+			return e.c, nil
+		}
+	}
+	k.mu.Unlock()
+	c, err := NewCategorizer(db, id)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	kept := k.entries[:0]
+	for _, e := range k.entries {
+		if e.key.id != id {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) >= k.max {
+		kept = kept[1:]
+	}
+	k.entries = append(kept, cached{key, c})
+	return c, nil
 }

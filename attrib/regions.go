@@ -40,6 +40,21 @@ const (
 // ProfilerStep#N, or "step N" / "train_step#N" and the like.
 var stepName = regexp.MustCompile(`(?i)^(?:ProfilerStep#|(?:train[_ ]?)?step[ _#:-]?)(\d+)$`)
 
+// stepOf is the step a region's name says, or -1.
+func stepOf(name string) int {
+	if n, ok := strings.CutPrefix(name, "ProfilerStep#"); ok { // the usual name, read without the regexp
+		if v, err := strconv.Atoi(n); err == nil && v >= 0 {
+			return v
+		}
+	}
+	if m := stepName.FindStringSubmatch(name); m != nil {
+		if v, err := strconv.Atoi(m[1]); err == nil {
+			return v
+		}
+	}
+	return -1
+}
+
 func phaseOf(name string) Phase {
 	n := strings.ToLower(name)
 	switch {
@@ -59,22 +74,29 @@ func phaseOf(name string) Phase {
 // START with the first END after it) into regions, in order of start; a
 // START without its END runs to endUS. An END without a START is dropped.
 func Regions(anns []gpu.Annotation, endUS int64) []Region {
-	sorted := append([]gpu.Annotation(nil), anns...)
-	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].TimeUS < sorted[j].TimeUS })
-	var out []Region
+	sorted := anns
+	if !sort.SliceIsSorted(anns, func(i, j int) bool { return anns[i].TimeUS < anns[j].TimeUS }) {
+		sorted = append([]gpu.Annotation(nil), anns...)
+		sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].TimeUS < sorted[j].TimeUS })
+	}
+	type kind struct {
+		step  int
+		phase Phase
+	}
+	kinds := map[string]kind{} // names repeat every step: read each once
+	out := make([]Region, 0, len(sorted)/2)
 	open := map[string][]int{} // by name, indexes into out
 	depth := 0
 	for _, a := range sorted {
 		switch a.Stage {
 		case "START":
-			r := Region{Name: a.Name, StartUS: a.TimeUS, EndUS: endUS, Open: true, Depth: depth, Step: -1, Phase: phaseOf(a.Name)}
-			if m := stepName.FindStringSubmatch(a.Name); m != nil {
-				if n, err := strconv.Atoi(m[1]); err == nil {
-					r.Step = n
-				}
+			k, ok := kinds[a.Name]
+			if !ok {
+				k = kind{step: stepOf(a.Name), phase: phaseOf(a.Name)}
+				kinds[a.Name] = k
 			}
 			open[a.Name] = append(open[a.Name], len(out))
-			out = append(out, r)
+			out = append(out, Region{Name: a.Name, StartUS: a.TimeUS, EndUS: endUS, Open: true, Depth: depth, Step: k.step, Phase: k.phase})
 			depth++
 		case "END":
 			st := open[a.Name]

@@ -80,7 +80,7 @@ func (s *Server) apiLive(w http.ResponseWriter, r *http.Request) {
 	if !p.check(w) {
 		return
 	}
-	l, err := attrib.At(s.opt.DB, chi.URLParam(r, "id"), at)
+	l, err := s.liveAt(chi.URLParam(r, "id"), at)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -119,6 +119,15 @@ func (s *Server) apiLive(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// liveAt is the live set of trace id at an instant, with its categories.
+func (s *Server) liveAt(id string, at attrib.Instant) (*attrib.Live, error) {
+	c, err := s.cats.Categorizer(s.opt.DB, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.At(at)
+}
+
 // frames reads frames: "all" keeps the frames views hide, "" does not.
 func frames(p *params) bool {
 	switch v := p.r.URL.Query().Get("frames"); v {
@@ -147,7 +156,7 @@ func (s *Server) apiLiveProfile(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	l, err := attrib.At(s.opt.DB, id, at)
+	l, err := s.liveAt(id, at)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -177,7 +186,7 @@ func (s *Server) apiSteps(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := chi.URLParam(r, "id")
-	c, err := attrib.NewCategorizer(s.opt.DB, id)
+	c, err := s.cats.Categorizer(s.opt.DB, id)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -228,7 +237,7 @@ func (s *Server) apiBandCategories(w http.ResponseWriter, r *http.Request) {
 	for i, b := range bands.Bands {
 		blocks[i] = gpu.Block{Addr: b.Addr, Size: b.Size, Requested: b.Requested, Stack: b.Stack, Seq: b.Seq, State: gpu.BlockAllocated}
 	}
-	c, err := attrib.NewCategorizer(s.opt.DB, id)
+	c, err := s.cats.Categorizer(s.opt.DB, id)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
