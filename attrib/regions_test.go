@@ -9,7 +9,9 @@ import (
 )
 
 func TestRegions(t *testing.T) {
-	ann := func(t int64, stage, name string) gpu.Annotation { return gpu.Annotation{TimeUS: t, Stage: stage, Name: name} }
+	ann := func(t int64, stage, name string) gpu.Annotation {
+		return gpu.Annotation{TimeUS: t, Stage: stage, Name: name}
+	}
 	got := attrib.Regions([]gpu.Annotation{
 		ann(10, "START", "ProfilerStep#0"),
 		ann(12, "START", "## forward ##"),
