@@ -187,3 +187,38 @@ func TestTopFrameAtGoTrainingPeak(t *testing.T) {
 		t.Errorf("top frame at the peak: %q (%d bytes), want train.py:93 train_step; rows %+v", top.Label, top.Bytes, g.Rows[:3])
 	}
 }
+
+// The stacked areas by category hold, at each sampled instant, exactly the
+// live set there, sorted as at that instant.
+func TestAreas(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	c, err := attrib.NewCategorizer(db, tr.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Areas(tr.FirstUS, tr.LastUS, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.T) != 40 || len(a.Bytes) != 40 || len(a.Categories) != len(attrib.AllCategories) {
+		t.Fatalf("%d instants, %d samples, %d categories", len(a.T), len(a.Bytes), len(a.Categories))
+	}
+	for i, at := range a.T {
+		l, err := c.At(attrib.Instant{TimeUS: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]uint64, len(attrib.AllCategories))
+		for j, v := range l.Verdicts {
+			for k, cat := range attrib.AllCategories {
+				if cat == v.Category {
+					want[k] += l.Blocks[j].Size
+				}
+			}
+		}
+		if l.Seq != a.Seq[i] || fmt.Sprint(want) != fmt.Sprint(a.Bytes[i]) {
+			t.Fatalf("instant %d (t %d): areas %v after %d, the live set %v after %d", i, at, a.Bytes[i], a.Seq[i], want, l.Seq)
+		}
+	}
+}

@@ -156,16 +156,81 @@ func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64) (bool, error) {
 
 // Verdicts sorts the blocks of a live set of this trace.
 func (c *Categorizer) Verdicts(ls *store.LiveSet) ([]Verdict, error) {
+	return c.verdicts(ls, nil)
+}
+
+// memoKey names an allocation and whether it was on a side stream, the one
+// fact that depends on the instant it is seen at.
+type memoKey struct {
+	block blockKey
+	side  bool
+}
+
+// verdicts sorts the blocks of ls, reusing and filling memo when given.
+func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict) ([]Verdict, error) {
 	main := mainStream(ls)
 	t := ls.TimeUS
 	out := make([]Verdict, len(ls.Blocks))
 	for i := range ls.Blocks {
-		f, err := c.facts(&ls.Blocks[i], t, main)
+		b := &ls.Blocks[i]
+		k := memoKey{keyOf(&b.Block), b.Stream != main}
+		if v, ok := memo[k]; ok {
+			out[i] = v
+			continue
+		}
+		f, err := c.facts(b, t, main)
 		if err != nil {
 			return nil, err
 		}
-		f.Stack = ls.Stacks[ls.Blocks[i].Stack]
+		f.Stack = ls.Stacks[b.Stack]
 		out[i] = Categorize(f)
+		if memo != nil {
+			memo[k] = out[i]
+		}
+	}
+	return out, nil
+}
+
+// Areas are the live bytes of each category at instants of a window.
+type Areas struct {
+	Categories []Category `json:"categories"`
+	T          []int64    `json:"t"`     // the instants, in order
+	Seq        []int64    `json:"seq"`   // the last event at or before each
+	Bytes      [][]uint64 `json:"bytes"` // per instant, per category
+}
+
+// Areas samples the live set at n instants spread over [t0, t1] (the
+// middles of n equal parts) and sums each category's bytes: the timeline's
+// stacked areas. Each sample costs a live set; an allocation seen at
+// several is sorted once.
+func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
+	out := &Areas{Categories: AllCategories}
+	index := map[Category]int{}
+	for i, cat := range AllCategories {
+		index[cat] = i
+	}
+	memo := map[memoKey]Verdict{}
+	last := int64(-2)
+	for i := 0; i < n; i++ {
+		t := t0 + int64((float64(i)+0.5)*float64(t1-t0)/float64(n))
+		ls, err := c.db.LiveAt(c.trace.ID, t)
+		if err != nil {
+			return nil, err
+		}
+		sums := make([]uint64, len(AllCategories))
+		if ls.Seq == last && len(out.Bytes) > 0 {
+			copy(sums, out.Bytes[len(out.Bytes)-1]) // no event since the last sample
+		} else {
+			vs, err := c.verdicts(ls, memo)
+			if err != nil {
+				return nil, err
+			}
+			for j, v := range vs {
+				sums[index[v.Category]] += ls.Blocks[j].Size
+			}
+		}
+		last = ls.Seq
+		out.T, out.Seq, out.Bytes = append(out.T, t), append(out.Seq, ls.Seq), append(out.Bytes, sums)
 	}
 	return out, nil
 }

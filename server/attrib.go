@@ -175,9 +175,9 @@ type stepJSON struct {
 	Peak store.Peak `json:"peak"`
 }
 
-// apiSteps lists the trace's annotated regions (steps and phases) and its
-// steps with their peaks: from the from-th step on, limit of them (the
-// peaks cost the steps' events).
+// apiSteps lists the trace's annotated regions (steps and phases), its
+// steps with their peaks (from the from-th step on, limit of them: the
+// peaks cost the steps' events), and where user_metadata changes.
 func (s *Server) apiSteps(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	from := int(p.intIn("from", 0, 0, 1<<31))
@@ -204,11 +204,22 @@ func (s *Server) apiSteps(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
+	meta, metaTotal, err := s.opt.DB.MetadataChanges(id, 2000)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
 	out := struct {
 		Regions    []attrib.Region `json:"regions"`
 		Steps      []stepJSON      `json:"steps"`
 		StepsTotal int             `json:"steps_total"`
-	}{Regions: regions, Steps: make([]stepJSON, len(steps)), StepsTotal: total}
+		// Metadata: where the events' user_metadata changes (the first 2000).
+		Metadata      []store.MetadataChange `json:"metadata"`
+		MetadataTotal int                    `json:"metadata_total"`
+	}{Regions: regions, Steps: make([]stepJSON, len(steps)), StepsTotal: total, Metadata: meta, MetadataTotal: metaTotal}
+	if out.Metadata == nil {
+		out.Metadata = []store.MetadataChange{}
+	}
 	if out.Regions == nil {
 		out.Regions = []attrib.Region{}
 	}
@@ -266,4 +277,25 @@ func (s *Server) apiBandCategories(w http.ResponseWriter, r *http.Request) {
 		out.Sure[i] = sureIndex[v.Sure]
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// apiCategoryAreas is the live bytes of each category at n instants of
+// [t0, t1]: the timeline's stacked areas by category.
+func (s *Server) apiCategoryAreas(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t0, t1, n := window(p, "n", 100, 400)
+	if !p.check(w) {
+		return
+	}
+	c, err := s.cats.Categorizer(s.opt.DB, chi.URLParam(r, "id"))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	a, err := c.Areas(t0, t1, n)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, a)
 }

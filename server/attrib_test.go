@@ -167,3 +167,30 @@ func TestStepsAndBandCategories(t *testing.T) {
 		}
 	}
 }
+
+// /categories samples the window: the bytes of each category at each
+// instant add up to the allocated bytes there.
+func TestCategoryAreasAPI(t *testing.T) {
+	f := newFixture(t, Options{})
+	var a attrib.Areas
+	f.getJSON(t, fmt.Sprintf("/api/traces/%s/categories?t0=%d&t1=%d&n=30", f.id, f.trace.FirstUS, f.trace.LastUS), &a)
+	if len(a.T) != 30 || len(a.Bytes) != 30 {
+		t.Fatalf("%d instants", len(a.T))
+	}
+	for i, at := range a.T {
+		l, _, err := f.db.LayoutAt(f.id, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sum uint64
+		for _, b := range a.Bytes[i] {
+			sum += b
+		}
+		if sum != l.Figures().Allocated {
+			t.Errorf("at %d: categories hold %d bytes, %d were allocated", at, sum, l.Figures().Allocated)
+		}
+	}
+	for _, bad := range []string{"categories?t0=1", "categories?t0=1&t1=5&n=0", "categories?t0=1&t1=5&n=100000"} {
+		f.get(t, "/api/traces/"+f.id+"/"+bad, http.StatusBadRequest)
+	}
+}

@@ -128,6 +128,7 @@ func New(opt Options) *Server {
 				r.Get("/usage", s.apiUsage)
 				r.Get("/bands", s.apiBands)
 				r.Get("/bands/categories", s.apiBandCategories)
+				r.Get("/categories", s.apiCategoryAreas)
 				r.Get("/live", s.apiLive)
 				r.Get("/live.pb.gz", s.apiLiveProfile)
 				r.Get("/steps", s.apiSteps)

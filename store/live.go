@@ -256,3 +256,62 @@ func (r *reader) liveMetadata(ls *LiveSet) error {
 	}
 	return nil
 }
+
+// MetadataChange is where the user_metadata of events changes: from event
+// Seq on, at TimeUS, the events say Text ("" for none).
+type MetadataChange struct {
+	Seq    int64  `json:"seq"`
+	TimeUS int64  `json:"time_us"`
+	Text   string `json:"user_metadata"`
+}
+
+// MetadataChanges lists the first limit places where the user_metadata of
+// a trace's events changes (torch.cuda.memory._set_memory_metadata marks
+// phases so), and how many there are in all.
+func (db *DB) MetadataChanges(id string, limit int) ([]MetadataChange, int, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, 0, err
+	}
+	defer r.close()
+	rows, err := r.tx.Query(`SELECT r.first_seq, x.user_metadata FROM event_extra_runs r LEFT JOIN event_extras x ON x.tid = r.tid AND x.xid = r.xid
+		WHERE r.tid = ? ORDER BY r.first_seq`, r.tid)
+	if err != nil {
+		return nil, 0, err
+	}
+	var out []MetadataChange
+	total := 0
+	prev := ""
+	for rows.Next() {
+		var c MetadataChange
+		var um sql.NullString
+		if err := rows.Scan(&c.Seq, &um); err != nil {
+			rows.Close()
+			return nil, 0, err
+		}
+		if c.Text = um.String; c.Text == prev || c.Seq > r.trace.LastSeq {
+			continue
+		}
+		prev = c.Text
+		total++
+		if len(out) < limit {
+			out = append(out, c)
+		}
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, 0, err
+	}
+	seqs := make([]int64, len(out))
+	for i := range out {
+		seqs[i] = out[i].Seq
+	}
+	times, err := r.timesOf(seqs)
+	if err != nil {
+		return nil, 0, err
+	}
+	for i := range out {
+		out[i].TimeUS = times[out[i].Seq]
+	}
+	return out, total, nil
+}

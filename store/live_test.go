@@ -130,3 +130,30 @@ func TestPeaks(t *testing.T) {
 		t.Error("a span ending before it starts was answered")
 	}
 }
+
+// MetadataChanges lists where user_metadata changes, runs that say the
+// same merged, with the time of their first event.
+func TestMetadataChanges(t *testing.T) {
+	db, _ := openTemp(t)
+	evs := newGen(3, 50).events(3000)
+	w := writeTrace(t, db, nil, evs, 0)
+	w.EventExtras([]gpu.EventExtra{{UserMetadata: "fwd"}, {UserMetadata: "fwd", CompileContext: "x"}, {UserMetadata: "bwd"}},
+		[]gpu.ExtraRun{{Seq: 10, Extra: 1}, {Seq: 20, Extra: 2}, {Seq: 500, Extra: 3}, {Seq: 2000, Extra: 0}})
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	got, total, err := db.MetadataChanges(w.ID(), 2)
+	if err != nil || total != 3 || len(got) != 2 {
+		t.Fatalf("%+v of %d, %v", got, total, err)
+	}
+	want := []MetadataChange{{10, evs[10].TimeUS, "fwd"}, {500, evs[500].TimeUS, "bwd"}}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("change %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	all, _, _ := db.MetadataChanges(w.ID(), 10)
+	if len(all) != 3 || all[2] != (MetadataChange{2000, evs[2000].TimeUS, ""}) {
+		t.Errorf("all changes %+v", all)
+	}
+}
