@@ -24,7 +24,8 @@ const (
 	// that labels an allocation); below it in the tree, its callers.
 	ByFrame Grouping = "frame"
 	// ByStack groups by the whole stack: the tree is the call tree,
-	// outermost frame first (a flame graph); rows are distinct stacks.
+	// outermost frame first (a flame graph); rows are distinct stacks,
+	// labelled by their innermost frames.
 	ByStack Grouping = "stack"
 	// ByCategory groups by category; below it, the call tree.
 	ByCategory Grouping = "category"
@@ -75,9 +76,9 @@ type Node struct {
 	folded []*Node // the children (smaller) stands for
 }
 
-// Row is one line of the table: a group of the root (a first user frame, a
-// stack or a category). Key names the group the same way in every trace,
-// so that two traces' rows can be matched (Diff).
+// Row is one line of the table: a group of the root (a first user frame or
+// a category), or a distinct stack. Key names the group the same way in
+// every trace, so that two traces' rows can be matched (Diff).
 type Row struct {
 	Key   string  `json:"key"`
 	Label string  `json:"label"`
@@ -134,6 +135,14 @@ func Group(ls *store.LiveSet, g Grouping, o Options) *Grouped {
 	out := &Grouped{Grouping: g, Tree: root, Order: make([]int, 0, len(ls.Blocks))}
 	out.order(root, ls, o.MinBytes)
 	out.Bytes, out.Count = root.Bytes, root.Count
+	if g == ByStack {
+		// A row per distinct stack: its blocks are its node's own.
+		for i := range out.Rows {
+			out.Rows[i].Share = share(out.Rows[i].Bytes, root.Bytes)
+		}
+		slices.SortStableFunc(out.Rows, func(a, b Row) int { return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Label, b.Label)) })
+		return out
+	}
 	// The rows are the root's groups, the folded ones too.
 	for _, c := range append(root.Children[:len(root.Children):len(root.Children)], root.folded...) {
 		if c.Kind != "folded" {
@@ -142,6 +151,28 @@ func Group(ls *store.LiveSet, g Grouping, o Options) *Grouped {
 		}
 	}
 	return out
+}
+
+// stackRow is the row of the stack that ends at n, whose path from the
+// root is path: keyed by every frame of it, labelled by its innermost
+// frames.
+func stackRow(n *Node, path []*Node, own []int, ls *store.LiveSet) Row {
+	keys := make([]string, len(path))
+	for i, p := range path {
+		keys[i] = p.key
+	}
+	label := n.Name
+	for i := len(path) - 2; i >= 0 && i >= len(path)-3; i-- {
+		label += " ← " + path[i].Name
+	}
+	if len(path) > 3 {
+		label += " ← …"
+	}
+	r := Row{Key: "stack:" + strings.Join(keys, "\x1e"), Label: label, Kind: n.Kind, Count: len(own), B0: n.B0, B1: n.B0 + len(own)}
+	for _, i := range own {
+		r.Bytes += ls.Blocks[i].Size
+	}
+	return r
 }
 
 func share(part, whole uint64) float64 {
@@ -168,10 +199,18 @@ func (n *Node) child(s step) *Node {
 // small ones, and lays the blocks out in tree order.
 func (g *Grouped) order(root *Node, ls *store.LiveSet, minBytes uint64) {
 	sum(root, ls)
+	var path []*Node // from the root's child to the node visited
 	var visit func(n *Node)
 	visit = func(n *Node) {
+		if n != root {
+			path = append(path, n)
+			defer func() { path = path[:len(path)-1] }()
+		}
 		n.B0 = len(g.Order)
 		g.Order = append(g.Order, n.own...)
+		if g.Grouping == ByStack && len(n.own) > 0 {
+			g.Rows = append(g.Rows, stackRow(n, path, n.own, ls))
+		}
 		// Largest first; ties by name, as pprof orders its rows.
 		slices.SortFunc(n.Children, func(a, b *Node) int {
 			return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), strings.Compare(a.Name, b.Name), strings.Compare(a.key, b.key))
@@ -243,14 +282,6 @@ func path(s gpu.Stack, g Grouping, all bool) []step {
 	if len(out) == 0 { // every frame hidden: the one that labels it
 		f, _ := gpu.FirstUserFrame(s)
 		out = append(out, frameStep(f))
-	}
-	if g == ByStack {
-		// A row per distinct stack: the leaf's key holds the whole path.
-		keys := make([]string, len(out))
-		for i, st := range out {
-			keys[i] = st.key
-		}
-		out[len(out)-1].key = "stack:" + strings.Join(keys, "\x1f")
 	}
 	return out
 }

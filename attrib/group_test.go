@@ -80,6 +80,13 @@ func checkGrouped(t *testing.T, ls *store.LiveSet, g *attrib.Grouped) {
 	var rows uint64
 	for _, r := range g.Rows {
 		rows += r.Bytes
+		var bytes uint64
+		for _, i := range g.Order[r.B0:r.B1] {
+			bytes += ls.Blocks[i].Size
+		}
+		if bytes != r.Bytes || r.B1-r.B0 != r.Count {
+			t.Fatalf("%s: row %q has %d bytes in %d blocks, its range [%d, %d) %d bytes", g.Grouping, r.Label, r.Bytes, r.Count, r.B0, r.B1, bytes)
+		}
 	}
 	if want := ls.Bytes(); g.Bytes != want || rows != want || g.Tree.Bytes != want {
 		t.Fatalf("%s: tree %d, rows %d, live blocks %d bytes", g.Grouping, g.Tree.Bytes, rows, want)
@@ -113,8 +120,23 @@ func TestGroupSynthetic(t *testing.T) {
 
 	byStack := attrib.Group(ls, attrib.ByStack, attrib.Options{})
 	checkGrouped(t, ls, byStack)
-	if len(byStack.Rows) != 2 || byStack.Rows[1].Label != "train.py:9 main" || byStack.Rows[1].Bytes != 1500 {
-		t.Errorf("by stack, the roots: %+v", byStack.Rows)
+	// A row per distinct stack, labelled by its innermost frames; the
+	// tree's roots are the outermost ones.
+	stacks := []struct {
+		label string
+		bytes uint64
+	}{{"(no stack)", 1600}, {"linear.py:125 forward ← model.py:10 attn ← train.py:9 main", 900},
+		{"model.py:10 attn ← model.py:30 block ← train.py:9 main", 400}, {"linear.py:125 forward ← model.py:20 mlp ← train.py:9 main", 200}}
+	if len(byStack.Rows) != len(stacks) {
+		t.Fatalf("by stack: %+v", byStack.Rows)
+	}
+	for i, w := range stacks {
+		if r := byStack.Rows[i]; r.Label != w.label || r.Bytes != w.bytes {
+			t.Errorf("stack row %d: %q %d, want %q %d", i, r.Label, r.Bytes, w.label, w.bytes)
+		}
+	}
+	if len(byStack.Tree.Children) != 2 || byStack.Tree.Children[1].Name != "train.py:9 main" || byStack.Tree.Children[1].Bytes != 1500 {
+		t.Errorf("by stack, the roots: %+v", byStack.Tree.Children)
 	}
 	// The recorder frame is hidden unless asked for.
 	leaf := byStack.Tree.Children[1]

@@ -154,12 +154,3 @@ func (s spans) at(t int64) int {
 	}
 	return -1
 }
-
-// after is the index of the first range starting after t, or -1.
-func (s spans) after(t int64) int {
-	i := sort.Search(len(s), func(i int) bool { return s[i][0] > t })
-	if i < len(s) {
-		return i
-	}
-	return -1
-}

@@ -146,11 +146,16 @@ export class Flame {
     this.draw();
   }
 
-  /** Picks the root's child with this row key (a click on the table). */
+  /**
+   * Picks a row of the table: the node holding exactly its blocks, or (a
+   * stack that others extend) its blocks alone.
+   */
   chooseRow(row) {
-    const e = this.nodes.find((x) => x.depth === 1 && x.node.b0 === row.b0 && x.node.b1 === row.b1);
-    if (e) this.choose(e);
-    else { this.selected = null; this.draw(); }
+    const e = this.nodes.find((x) => x.depth > 0 && x.node.b0 === row.b0 && x.node.b1 === row.b1);
+    if (e) { this.choose(e); return; }
+    this.selected = null;
+    this.pick(row);
+    this.draw();
   }
 
   listen() {

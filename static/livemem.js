@@ -28,6 +28,7 @@ export class LivePanel {
     });
     view.addEventListener("highlight", () => { if (!view.highlight) { this.flame.selected = null; this.flame.draw(); this.markRow(); } });
     new ResizeObserver(() => this.flame.draw()).observe(document.getElementById("flame-wrap"));
+    view.addEventListener("theme", () => this.flame.draw());
   }
 
   /** Loads the live set right after event seq (again when force, or when the grouping changed). */

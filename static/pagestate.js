@@ -98,7 +98,7 @@ export class PageState extends EventTarget {
 
   /** Wires the theme, the reset button and resizing; call once the page's hooks are ready. */
   start() {
-    initTheme(() => { this.pal = palette(); this.redraw(); });
+    initTheme(() => { this.pal = palette(); this.redraw(); this.dispatchEvent(new CustomEvent("theme")); });
     document.getElementById("reset").addEventListener("click", () => this.resetWindow());
     let timer = 0;
     new ResizeObserver(() => {
