@@ -8,6 +8,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/internal/testkit"
+	"vramscope/pytorch"
 	"vramscope/store"
 )
 
@@ -219,7 +220,7 @@ func importSnapshot(t *testing.T, db *store.DB, name string) []gpu.Trace {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	ids, err := ingest.Snapshot(db, f, name)
+	ids, err := ingest.Snapshot(db, f, name, pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
