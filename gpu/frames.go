@@ -78,19 +78,31 @@ var recorderNames = []string{
 // libraryPaths are substrings of the file names of rule 3 (with / or \).
 var libraryPaths = []string{"site-packages", "dist-packages", "/lib/python", `\lib\python`, `\Lib\`}
 
-// function is a C++ frame's name without its argument list (whose types
-// would match anything), or a Python frame's name.
-func function(name string) string {
-	if i := strings.IndexByte(name, '('); i > 0 {
-		return name[:i]
+// Function is a C++ frame's name without its argument list (whose types
+// would match anything), or a Python frame's name. The parenthesis of
+// "(anonymous namespace)" is part of the name, not its arguments.
+func Function(name string) string {
+	const anon = "(anonymous namespace)"
+	for at := 0; ; {
+		i := strings.IndexByte(name[at:], '(')
+		if i < 0 {
+			return name
+		}
+		if strings.HasPrefix(name[at+i:], anon) {
+			at += i + len(anon)
+			continue
+		}
+		if at+i == 0 {
+			return name
+		}
+		return name[:at+i]
 	}
-	return name
 }
 
 // KindOf sorts one frame by the rules above; the names of rule 1 are
 // matched against the function's name without its arguments.
 func KindOf(f Frame) FrameKind {
-	fn := function(f.Name)
+	fn := Function(f.Name)
 	for _, s := range recorderNames {
 		if strings.Contains(fn, s) {
 			return FrameRecorder
@@ -137,7 +149,7 @@ func Label(f Frame) string {
 		file = file[i+1:]
 	}
 	if file == "" || file == "??" || f.Line == 0 {
-		return function(f.Name)
+		return Function(f.Name)
 	}
 	line := "?"
 	if f.Line < 1<<63 {

@@ -37,6 +37,15 @@ func TestFrameKinds(t *testing.T) {
 	if l := gpu.Label(gpu.Frame{Name: "torch::autograd::Engine::thread_main(std::shared_ptr<X> const&)", Filename: "??"}); l != "torch::autograd::Engine::thread_main" {
 		t.Errorf("label %q", l)
 	}
+	// The unwinder's own frame, in an anonymous namespace: its name is
+	// not cut at that parenthesis.
+	gather := gpu.Frame{Name: "torch::cuda::(anonymous namespace)::gather_with_cpp()", Filename: "memory_snapshot.cpp"}
+	if k, l := gpu.KindOf(gather), gpu.Label(gather); k != gpu.FrameRecorder || l != "torch::cuda::(anonymous namespace)::gather_with_cpp" {
+		t.Errorf("%s: %v, label %q", gather.Name, k, l)
+	}
+	if f := gpu.Function("(*)()"); f != "(*)()" {
+		t.Errorf("function of %q: %q", "(*)()", f)
+	}
 	if _, ok := gpu.FirstUserFrame(nil); ok || gpu.StackLabel(nil) != "" {
 		t.Error("an empty stack has a first user frame")
 	}

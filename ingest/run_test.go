@@ -232,7 +232,7 @@ func TestRunFromTar(t *testing.T) {
 	add("job/rank0/snapshot.pickle", read("snapshot_action_entry.pickle"), tar.TypeReg)
 	tw.Close()
 	zw.Close()
-	if !ingest.IsTar(bufioOf(buf.Bytes())) {
+	if ok, err := ingest.IsTar(bufioOf(buf.Bytes())); !ok || err != nil {
 		t.Fatal("IsTar says no")
 	}
 	db := testkit.OpenDB(t)
@@ -253,7 +253,7 @@ func TestRunFromTar(t *testing.T) {
 		t.Fatalf("a capped tar: %v", err)
 	}
 	// A pickle is no tar.
-	if ingest.IsTar(bufioOf(read("settings_no_annotations.pickle"))) {
+	if ok, _ := ingest.IsTar(bufioOf(read("settings_no_annotations.pickle"))); ok {
 		t.Error("IsTar says a pickle is a tar")
 	}
 }

@@ -148,17 +148,21 @@ func SnapshotFiles(args []string) ([]string, error) {
 }
 
 // IsTar says whether br starts a tar archive, gzipped or not, without
-// consuming it.
-func IsTar(br *bufio.Reader) bool {
-	head, _ := br.Peek(512)
+// consuming it. The error is the reader's, other than its end: a body cut
+// or too slow is refused here rather than read as a short snapshot.
+func IsTar(br *bufio.Reader) (bool, error) {
+	head, err := br.Peek(512)
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, bufio.ErrBufferFull) {
+		return false, err
+	}
 	if len(head) >= 2 && head[0] == 0x1f && head[1] == 0x8b {
 		zr, err := gzip.NewReader(bytes.NewReader(head))
 		if err != nil {
-			return false
+			return false, nil
 		}
 		head, _ = io.ReadAll(io.LimitReader(zr, 512)) // a cut stream still yields its start
 	}
-	return len(head) >= 262 && string(head[257:262]) == "ustar"
+	return len(head) >= 262 && string(head[257:262]) == "ustar", nil
 }
 
 // Tar is a RunSource of the regular files of a tar archive (gzipped or

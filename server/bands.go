@@ -13,14 +13,12 @@ import (
 // whole range when both are absent). format=bin asks for the binary form.
 func (s *Server) apiBands(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
-	t0, t1, cols := window(p, "w", 1000, 8000)
-	h := p.intIn("h", 300, 10, 10000)
-	m0, m1 := memRange(p)
+	q := bandsQuery(p)
 	bin := format(p)
 	if !p.check(w) {
 		return
 	}
-	out, err := s.opt.DB.Bands(chi.URLParam(r, "id"), store.BandsQuery{T0: t0, T1: t1, W: cols, H: int(h), M0: m0, M1: m1})
+	out, err := s.opt.DB.Bands(chi.URLParam(r, "id"), q)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -30,6 +28,15 @@ func (s *Server) apiBands(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// bandsQuery reads a window of the stacked timeline: t0, t1, w columns,
+// h rows, and the memory range m0, m1.
+func bandsQuery(p *params) store.BandsQuery {
+	t0, t1, cols := window(p, "w", 1000, 8000)
+	h := p.intIn("h", 300, 10, 10000)
+	m0, m1 := memRange(p)
+	return store.BandsQuery{T0: t0, T1: t1, W: cols, H: int(h), M0: m0, M1: m1}
 }
 
 // memRange reads m0 and m1, the visible memory range in bytes: both or neither.

@@ -188,6 +188,7 @@ func TestBrowserTraceView(t *testing.T) {
 			if (d.blocks[b*6+3] === 1 && d.blocks[b*6+1] === 96 * 1048576) {
 				const c = m.blockCenter(b), wrap = document.getElementById("segmap-wrap");
 				wrap.scrollTop = Math.max(0, c.y - 60);
+				wrap.scrollIntoView({block: "nearest"}); // the page may scroll: the map is below the live panel
 				const r = m.canvas.getBoundingClientRect();
 				return {x: r.left + c.x, y: r.top + c.y, seq: d.blocks[b*6+4]};
 			}

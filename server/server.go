@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"time"
+	"vramscope/attrib"
 	"vramscope/incident"
 	"vramscope/live"
 	"vramscope/server/guard"
@@ -74,6 +75,8 @@ type Server struct {
 	replaySlots chan struct{}
 	whatifWait  time.Duration
 	hub         *live.Hub // live ingest and viewers
+	// cats keeps the categorizers (the regions) of the traces last shown.
+	cats *attrib.Cache
 }
 
 // New builds the router. Routes are grouped so that long-lived ones
@@ -98,6 +101,7 @@ func New(opt Options) *Server {
 	}
 	s := &Server{opt: opt, log: opt.Logger, replaySlots: make(chan struct{}, 1), whatifWait: whatifWait}
 	s.whatifs = incident.NewJobs(opt.DB, 16, s.replaySlots)
+	s.cats = attrib.NewCache(8)
 	r := chi.NewRouter()
 	r.Use(guard.Deadlines(opt.Timeouts), middleware.RequestID, guard.Log(s.log), guard.Recover(s.log),
 		guard.AllowHosts(opt.Addr, opt.AllowedHosts), guard.SecurityHeaders, guard.SameOrigin)
@@ -129,6 +133,11 @@ func New(opt Options) *Server {
 				r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteTrace)
 				r.Get("/usage", s.apiUsage)
 				r.Get("/bands", s.apiBands)
+				r.Get("/bands/categories", s.apiBandCategories)
+				r.Get("/categories", s.apiCategoryAreas)
+				r.Get("/live", s.apiLive)
+				r.Get("/live.pb.gz", s.apiLiveProfile)
+				r.Get("/steps", s.apiSteps)
 				r.Get("/layout", s.apiLayout)
 				r.Get("/summary", s.apiSummary)
 				r.Get("/events", s.apiEvents)

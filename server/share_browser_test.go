@@ -208,6 +208,14 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 		!strings.Contains(says, "None of the settings tried would have served this request.") || !strings.Contains(says, "with the recorded settings") {
 		t.Fatalf("what-if status %q, says %q", status, says)
 	}
+	// Long stacks show their first frames; the rest, folded runs of C++
+	// frames included, wait under a toggle.
+	loose := within(t, ctx, "folded runs outside the toggles", chromedp.Evaluate[int](
+		`[...document.querySelectorAll("li.folded")].filter((li) => !li.closest("details")).length`))
+	toggles := within(t, ctx, "toggles", chromedp.Evaluate[int](`document.querySelectorAll("details.more-frames").length`))
+	if toggles == 0 || loose > 10*toggles {
+		t.Errorf("%d folded runs shown outside %d more-frames toggles", loose, toggles)
+	}
 	dir := shotDir(t)
 	screenshot(t, ctx, dir, "incident-snapshot")
 	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#whatif-table`))

@@ -74,8 +74,12 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		in = part
 	} else {
 		br := bufio.NewReaderSize(body, 64<<10)
+		isTar, err := ingest.IsTar(br)
 		switch {
-		case ingest.IsTar(br):
+		case err != nil:
+			s.uploadError(w, r, ctx, err)
+			return
+		case isTar:
 			if run == "" {
 				run = strings.TrimSuffix(strings.TrimSuffix(cleanName(name, "run"), ".gz"), ".tar")
 			}

@@ -109,7 +109,7 @@ func TestBrowserRealSnapshot(t *testing.T) {
 	a, off := smallAllocation(t, db, tr)
 	within(t, ctx, "time zoom", chromedp.Evaluate[bool](fmt.Sprintf(`(vramscope.setWindow(%d, %d), true)`, a.AllocUS-(a.FreeUS-a.AllocUS)/4, a.FreeUS+(a.FreeUS-a.AllocUS)/4)))
 	box := within(t, ctx, "timeline box", chromedp.Evaluate[map[string]float64](
-		`(() => { const r = document.getElementById("timeline").getBoundingClientRect(); return {x: r.left, y: r.top}; })()`))
+		`(() => { scrollTo(0, 0); const r = document.getElementById("timeline").getBoundingClientRect(); return {x: r.left, y: r.top}; })()`))
 	for i := 0; i < 40; i++ {
 		p := within(t, ctx, "target", chromedp.Evaluate[map[string]float64](fmt.Sprintf(`(() => { const tl = vramscope.timeline, [lo, hi] = tl.yRange();
 			return {x: tl.xOf(%d), y: tl.yOf(%d), span: hi - lo}; })()`, (a.AllocUS+a.FreeUS)/2, off+a.Size/2)))

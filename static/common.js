@@ -168,8 +168,9 @@ export function palette() {
     reserved: v("--reserved"), allocated: v("--allocated"), active: v("--active"),
     small: v("--small"), pending: v("--pending"), free: v("--free"), largest: v("--largest"),
     select: v("--select"), cursor: v("--cursor"), brush: v("--brush"),
-    pin: v("--pin"), oom: v("--error"),
+    pin: v("--pin"), oom: v("--error"), hl: v("--hl"),
     bands: v("--bands").split(",").map((x) => x.trim()),
+    cats: Array.from({ length: 8 }, (_, i) => v("--cat-" + i)), // one per category, in the server's order
   };
 }
 

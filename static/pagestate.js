@@ -7,7 +7,10 @@
 //
 // The view also holds the timeline's memory range (y0, y1; null for the
 // whole), the cursor as an event (e) when it was set to one, the search
-// text (q) and whether stacks show every frame (frames=all).
+// text (q), whether stacks show every frame (frames=all), how the live
+// memory at the cursor is grouped (g) and how the timeline colours its
+// bands (bands). A highlight (the allocations of a frame picked in the
+// flame graph) is outlined on the timeline and the segment map.
 //
 // Moves of the window or the cursor are announced as "move" events whose
 // detail says {kind: "window"|"cursor", user}. The page's own moves (such
@@ -53,6 +56,12 @@ export class PageState extends EventTarget {
     this.cursorSeq = this.fixedCursor ? null : queryNum(q, "e"); // the cursor's event, when set to one
     this.q = q.get("q") || "";
     this.allFrames = q.get("frames") === "all";
+    this.group = ["frame", "stack", "category"].includes(q.get("g")) ? q.get("g") : "frame";
+    this.bandMode = ["alloc", "category", "area"].includes(q.get("bands")) ? q.get("bands") : "alloc";
+    this.highlight = null; // {seqs: Set, addrs: Set, label}: allocations to outline
+    this.regions = []; // annotated regions (steps, phases) from /steps
+    this.steps = []; // the steps with their peaks
+    this.metaMarks = []; // where the events' user_metadata changes
     this.searchMarks = null; // times of the search's matches
     this.searchSeqs = null; // their seqs, outlined on the timeline
     this.layoutSeq = o.layoutSeq ?? null;
@@ -89,7 +98,7 @@ export class PageState extends EventTarget {
 
   /** Wires the theme, the reset button and resizing; call once the page's hooks are ready. */
   start() {
-    initTheme(() => { this.pal = palette(); this.redraw(); });
+    initTheme(() => { this.pal = palette(); this.redraw(); this.dispatchEvent(new CustomEvent("theme")); });
     document.getElementById("reset").addEventListener("click", () => this.resetWindow());
     let timer = 0;
     new ResizeObserver(() => {
@@ -104,9 +113,14 @@ export class PageState extends EventTarget {
     this.layout();
   }
 
-  /** Sizes the canvases and panels to the window: the timeline takes about a third of its height, the panels below the rest. */
+  /**
+   * Sizes the canvases and panels to the window: the timeline takes about a
+   * third of its height (a little less above the live-memory panel), the
+   * panels below the rest.
+   */
   layout() {
-    this.timeline.resize(Math.min(560, Math.max(220, innerHeight * 0.34)));
+    const share = this.root.querySelector("#live-panel") ? 0.28 : 0.34;
+    this.timeline.resize(Math.min(560, Math.max(220, innerHeight * share)));
     this.segmap.resize();
     const lower = this.root.querySelector(".lower");
     if (lower) {
@@ -208,7 +222,27 @@ export class PageState extends EventTarget {
     this.selBlock = null;
     this.selInfo = null;
     this.timeline.brush = null;
+    this.setHighlight(null);
     this.request("details");
+  }
+
+  /** Outlines a set of allocations ({seqs, addrs, label}; null for none) on the timeline and the map. */
+  setHighlight(h) {
+    this.highlight = h;
+    this.dispatchEvent(new CustomEvent("highlight"));
+    this.redraw();
+  }
+
+  /** Whether the highlight holds the allocation of alloc seq at addr (seq -1: made before the trace). */
+  highlighted(seq, addr) {
+    const h = this.highlight;
+    return !!h && (seq >= 0 ? h.seqs.has(seq) : h.addrs.has(addr));
+  }
+
+  /** How the timeline colours its bands: alloc, category or area (stacked areas by category). */
+  setBandMode(m) {
+    this.bandMode = m;
+    this.request("timeline");
   }
 
   /** The selected allocation's band in the timeline's last answer, or null. */
@@ -314,6 +348,8 @@ export class PageState extends EventTarget {
     if (this.panels) p.set("panel", this.panel);
     if (this.q) p.set("q", this.q);
     if (this.allFrames) p.set("frames", "all");
+    if (this.group !== "frame") p.set("g", this.group);
+    if (this.bandMode !== "alloc") p.set("bands", this.bandMode);
     const url = location.pathname + "?" + p.toString();
     if (url !== location.pathname + location.search) history.replaceState(null, "", url);
   }

@@ -2,7 +2,8 @@
 // segment (address order). x is the byte offset inside a segment, on one
 // scale for all rows so their sizes compare; the wheel zooms into an
 // offset range. Blocks are coloured by state, the largest free block is
-// marked, and the selected allocation is outlined as on the timeline.
+// marked, and the selected allocation is outlined as on the timeline, as
+// are the highlighted ones (a frame picked in the flame graph).
 import { api, LatestFetch, fitCanvas, fmtAddr, fmtBytesShort, niceTicks } from "./common.js";
 
 const LABEL = 170, ROW = 18, GAP = 4, TOP = 20, RIGHT = 8;
@@ -65,7 +66,8 @@ export class SegMap {
     // Frames that change nothing here (a hover on the timeline) skip it.
     const v = this.view;
     const key = [this.cssW, this.cssH, v.m0, v.m1, v.sel, this.hover?.index, pal.panel, v.pinned.size].join();
-    if (this.drawn === this.data && this.drawnKey === key) return;
+    if (this.drawn === this.data && this.drawnKey === key && this.drawnHighlight === v.highlight) return;
+    this.drawnHighlight = v.highlight;
     this.drawn = this.data;
     this.drawnKey = key;
     const ctx = fitCanvas(this.canvas, this.cssW, this.cssH);
@@ -92,6 +94,7 @@ export class SegMap {
     const largest = d.largest_free_address;
     const pinned = this.view.pinned; // addresses of split segments whose live blocks are marked
     let selRect = null, largestRect = null, hoverRect = null;
+    const hlRects = [];
     for (let r = 0, i = 0; i < segs.length; i += SEG, r++) {
       const addr = segs[i], size = segs[i + 1], first = segs[i + 5], count = segs[i + 6];
       const pins = pinned?.has(addr);
@@ -115,6 +118,7 @@ export class SegMap {
         if (off + bsize < m0 || off > m1) continue;
         const x0 = this.xOf(off), x1 = this.xOf(off + bsize);
         const w = x1 - x0;
+        if (state === 1 && this.view.highlighted(blks[k + 4], blks[k])) hlRects.push([x0, y, Math.max(1, w), ROW]);
         if (w < 1) {
           const p = Math.floor(x0);
           if (p === px && (state === 0 || state === pxState)) continue;
@@ -135,6 +139,16 @@ export class SegMap {
       ctx.strokeRect(x + 1, y + 1, Math.max(1, w - 2), h - 2);
       ctx.fillStyle = pal.largest;
       ctx.beginPath(); ctx.moveTo(x, y - 1); ctx.lineTo(x + 8, y - 1); ctx.lineTo(x, y + 7); ctx.fill();
+    }
+    if (hlRects.length) {
+      ctx.fillStyle = ctx.strokeStyle = pal.hl;
+      ctx.lineWidth = 2;
+      for (const [x, y, w, h] of hlRects) {
+        ctx.globalAlpha = 0.35;
+        ctx.fillRect(x, y, w, h);
+        ctx.globalAlpha = 1;
+        ctx.strokeRect(x + 1, y + 1, Math.max(1, w - 2), h - 2);
+      }
     }
     if (hoverRect) { ctx.strokeStyle = pal.fg; ctx.lineWidth = 1; ctx.strokeRect(...hoverRect); }
     if (selRect) {

@@ -8,9 +8,16 @@
 // last answer is redrawn at the new scale, so zooming never waits on the
 // network. The bands and lines are drawn once per change of data or scale
 // into a layer; hover, cursor and selection are drawn over it.
-import { apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesShort } from "./common.js";
+//
+// Bands are coloured by allocation, or by category (the server's
+// /bands/categories, in the same order), or replaced by stacked areas of
+// the bytes of each category at instants of the window (/categories). Annotated steps shade the plot behind, phases mark a strip
+// at its top; a click in the strip goes to that step's peak.
+import { api, apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesShort } from "./common.js";
 
 const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 8;
+const STRIP = 12; // the phases' strip at the top of the plot, with the steps' labels
+const PHASES = { forward: 3, backward: 2, optimizer: 1, zero_grad: 4 }; // colours: indexes into the category palette
 const MIN_BYTES_SPAN = 4096;
 
 /** The usage answer's binary form (see server/bands.go). */
@@ -38,7 +45,7 @@ export function decodeBands(buf) {
     allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb), runCols: i32.subarray(4 * nb + 1), bands: new Array(nb),
   };
   for (let i = 0; i < nb; i++) {
-    out.bands[i] = { seq: f[at + i], address: f[at + nb + i], size: f[at + 2 * nb + i], requested_size: f[at + 3 * nb + i],
+    out.bands[i] = { i, seq: f[at + i], address: f[at + nb + i], size: f[at + 2 * nb + i], requested_size: f[at + 3 * nb + i],
       stack: i32[i], c0: i32[nb + i], c1: i32[2 * nb + i], r0: i32[3 * nb + i], r1: i32[3 * nb + i + 1] };
   }
   return out;
@@ -55,6 +62,8 @@ export class Timeline {
     this.view = view;
     this.usage = null; // last usage answer with its window
     this.bands = null; // last bands answer
+    this.bandCats = null; // the category of each band, when the view colours bands by category
+    this.areas = null; // the bytes of each category at instants of the window, for stacked areas
     this.fetcher = new LatestFetch(view, "Timeline");
     this.brush = null; // {t0, t1, y0, y1} while shift-dragging
     this.hover = null;
@@ -101,16 +110,22 @@ export class Timeline {
   async load() {
     const v = this.view;
     const t0 = Math.floor(v.t0), t1 = Math.max(Math.ceil(v.t1), Math.floor(v.t0) + 1);
-    const w = Math.round(this.plotW), h = Math.round(this.plotH);
+    const w = Math.round(this.plotW);
+    const h = Math.round(this.plotH);
     const base = `/api/traces/${v.id}`;
     const mem = v.y1 !== null && v.y1 > v.y0 ? `&m0=${Math.floor(v.y0)}&m1=${Math.ceil(v.y1)}` : "";
+    const mode = v.bandMode;
     const got = await this.fetcher.run((signal) => Promise.all([
       apiBinary(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}&format=bin`, { signal }),
       apiBinary(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}&format=bin`, { signal }),
+      mode === "category" ? api(`${base}/bands/categories?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}`, { signal }) : null,
+      mode === "area" ? api(`${base}/categories?t0=${t0}&t1=${t1}&n=${Math.min(160, Math.max(8, Math.round(w / 8)))}`, { signal }) : null,
     ]));
     if (!got) return false;
     this.usage = { ...decodeUsage(got[0]), t0, t1 };
     this.bands = decodeBands(got[1]);
+    this.bandCats = got[2];
+    this.areas = got[3] && { ...got[3], t0, t1 };
     this.fitTop();
     return true;
   }
@@ -124,8 +139,8 @@ export class Timeline {
     // The data layer is drawn again only for new data (or size, theme,
     // search); between an input and its answer the last layer is stretched
     // to the new scale, which costs one image copy per frame.
-    const key = [this.cssW, this.cssH, pal.panel].join();
-    if (this.layerKey !== key || this.layerUsage !== this.usage || this.layerBands !== this.bands || this.layerMarks !== v.searchMarks) {
+    const key = [this.cssW, this.cssH, pal.panel, v.bandMode].join();
+    if (this.layerKey !== key || this.layerUsage !== this.usage || this.layerBands !== this.bands || this.layerMarks !== v.searchMarks || this.layerRegions !== v.regions) {
       const lctx = fitCanvas(this.layer, this.cssW, this.cssH);
       lctx.clearRect(0, 0, this.cssW, this.cssH);
       this.drawLayer(lctx, pal);
@@ -133,6 +148,7 @@ export class Timeline {
       this.layerUsage = this.usage;
       this.layerBands = this.bands;
       this.layerMarks = v.searchMarks;
+      this.layerRegions = v.regions;
       this.layerView = [v.t0, v.t1, ...this.yRange()];
     }
     const [t0, t1, y0, y1] = this.layerView;
@@ -158,10 +174,109 @@ export class Timeline {
     ctx.beginPath();
     ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
     ctx.clip();
-    this.drawBands(ctx, pal);
+    this.drawSteps(ctx, pal);
+    if (this.view.bandMode === "area" && this.areas) this.drawCategoryAreas(ctx, pal);
+    else this.drawBands(ctx, pal);
     this.drawUsage(ctx, pal);
     this.drawSearchMarks(ctx, pal);
     ctx.restore();
+  }
+
+  // Steps: every other one shaded behind the data, each with its number
+  // at the top where there is room.
+  drawSteps(ctx, pal) {
+    const steps = this.view.regions.filter((r) => r.step >= 0);
+    ctx.fillStyle = pal.grid;
+    ctx.globalAlpha = 0.45;
+    for (const r of steps) {
+      if (r.step % 2) continue;
+      const x0 = this.xOf(r.start_us), x1 = this.xOf(r.end_us);
+      if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
+      ctx.fillRect(x0, TOP, Math.max(1, x1 - x0), this.plotH);
+    }
+    ctx.globalAlpha = 1;
+  }
+
+  // Phases: a strip at the top of the plot, one colour per phase, and
+  // the steps' numbers over it; where user_metadata changes, a dashed
+  // line with the new text.
+  drawPhases(ctx, pal) {
+    const rs = this.view.regions, marks = this.view.metaMarks;
+    if (!rs.length && !marks.length) return;
+    ctx.fillStyle = pal.panel;
+    ctx.globalAlpha = 0.8;
+    ctx.fillRect(AXIS_LEFT, TOP, this.plotW, STRIP);
+    ctx.globalAlpha = 1;
+    for (const r of rs) {
+      const x0 = this.xOf(r.start_us), x1 = this.xOf(r.end_us);
+      if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
+      if (r.step >= 0) {
+        ctx.strokeStyle = pal.dim;
+        ctx.beginPath(); ctx.moveTo(Math.round(x0) + 0.5, TOP); ctx.lineTo(Math.round(x0) + 0.5, TOP + STRIP); ctx.stroke();
+        continue;
+      }
+      const c = PHASES[r.phase];
+      ctx.fillStyle = c !== undefined ? pal.cats[c] : pal.small;
+      ctx.fillRect(x0, TOP + 2 + Math.min(r.depth, 2) * 2, Math.max(1, x1 - x0), 6);
+    }
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.textBaseline = "middle";
+    ctx.textAlign = "left";
+    ctx.fillStyle = pal.fg;
+    let lastEnd = -Infinity;
+    for (const r of rs) {
+      if (r.step < 0) continue;
+      const x0 = Math.max(AXIS_LEFT, this.xOf(r.start_us)) + 3, x1 = this.xOf(r.end_us);
+      const label = "step " + r.step;
+      if (x1 - x0 < 30 || x0 < lastEnd || x0 > AXIS_LEFT + this.plotW) continue;
+      ctx.fillText(label, x0, TOP + STRIP / 2);
+      lastEnd = x0 + ctx.measureText(label).width + 6;
+    }
+    ctx.strokeStyle = ctx.fillStyle = pal.dim;
+    ctx.setLineDash([2, 3]);
+    lastEnd = -Infinity;
+    for (const m of marks) {
+      const x = Math.round(this.xOf(m.time_us)) + 0.5;
+      if (x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) continue;
+      ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x, TOP + this.plotH); ctx.stroke();
+      const label = m.user_metadata || "(no user_metadata)";
+      if (x + 3 > lastEnd) {
+        ctx.fillText(label, x + 3, TOP + STRIP + 8);
+        lastEnd = x + 3 + ctx.measureText(label).width + 6;
+      }
+    }
+    ctx.setLineDash([]);
+  }
+
+  /** The step whose label strip is under a point, or null. */
+  stepAt(x, y) {
+    if (y < TOP || y > TOP + STRIP || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) return null;
+    const t = this.tOf(x);
+    return this.view.regions.find((r) => r.step >= 0 && r.start_us <= t && t < r.end_us) || null;
+  }
+
+  // Stacked areas by category: the live bytes of each category at the
+  // sampled instants (the server's /categories), bottom up in the
+  // server's order, each sample standing for its share of the window.
+  drawCategoryAreas(ctx, pal) {
+    const a = this.areas, n = a.t.length;
+    if (!n) return;
+    const dt = (a.t1 - a.t0) / n;
+    const [lo] = this.yRange();
+    for (let i = 0; i < n; i++) {
+      // Whole pixels, so that neighbouring samples meet without a seam.
+      const x0 = Math.floor(this.xOf(a.t0 + i * dt)), x1 = Math.ceil(this.xOf(a.t0 + (i + 1) * dt));
+      if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
+      let below = 0;
+      for (let k = 0; k < a.bytes[i].length; k++) {
+        const v = a.bytes[i][k];
+        if (!v) continue;
+        const yTop = this.yOf(below + v), yBottom = this.yOf(Math.max(lo, below));
+        ctx.fillStyle = pal.cats[k];
+        ctx.fillRect(x0, yTop, Math.max(1, x1 - x0), Math.max(0, yBottom - yTop));
+        below += v;
+      }
+    }
   }
 
   drawOverlay(ctx, pal) {
@@ -171,12 +286,16 @@ export class Timeline {
     ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
     ctx.clip();
     const b = this.bands;
+    if (b && v.highlight) {
+      for (const band of b.bands) if (v.highlighted(band.seq, band.address)) this.outlineBand(ctx, band, pal.hl, 1.5, true);
+    }
     if (b) {
       const sel = v.sel, selAddr = v.selBlock?.addr;
       const selected = b.bands.find((x) => (sel !== null && x.seq === sel) || (x.seq < 0 && x.address === selAddr));
       if (selected) this.outlineBand(ctx, selected, pal.select, 2, true);
       if (this.hover?.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, pal.fg, 1);
     }
+    this.drawPhases(ctx, pal);
     if (v.cursor !== null && v.cursor !== undefined) {
       const x = Math.round(this.xOf(v.cursor)) + 0.5;
       ctx.strokeStyle = pal.cursor;
@@ -236,10 +355,12 @@ export class Timeline {
     ctx.fill(env);
     // Bands colour by colour: a canvas fills many rectangles one by one
     // faster than as one path.
-    const colors = pal.bands;
     // The colour follows the allocation's seq; those made before the trace
-    // (all seq -1) by their address, so neighbours differ.
-    const colorOf = (band) => (band.seq >= 0 ? band.seq : Math.floor(band.address / 512)) % colors.length;
+    // (all seq -1) by their address, so neighbours differ. By category, the
+    // category's.
+    const cats = this.view.bandMode !== "alloc" && this.bandCats?.band;
+    const colors = cats ? pal.cats : pal.bands;
+    const colorOf = cats ? (band) => cats[band.i] : (band) => (band.seq >= 0 ? band.seq : Math.floor(band.address / 512)) % colors.length;
     for (let k = 0; k < colors.length; k++) {
       ctx.fillStyle = colors[k];
       for (const band of b.bands) {
@@ -455,6 +576,8 @@ export class Timeline {
         if (Math.abs(this.xOf(t0) - this.xOf(t1)) > 3) v.setWindow(Math.min(t0, t1), Math.max(t0, t1));
         if (Math.abs(this.yOf(y0) - this.yOf(y1)) > 8) v.setMemory(Math.max(0, Math.min(y0, y1)), Math.max(y0, y1));
         v.redraw();
+      } else if (!drag.moved && this.stepAt(x, y) && v.goToStep) {
+        v.goToStep(this.stepAt(x, y));
       } else if (!drag.moved) {
         const h = this.hit(x, y);
         v.setCursor(this.tOf(x));

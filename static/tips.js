@@ -36,26 +36,24 @@ export function stackLoader(traceId) {
 export function framesList(frames, { all = false, max = 0 } = {}) {
   if (!frames || !frames.length) return el("p", { class: "dim" }, "No stack was recorded.");
   const ol = el("ol", { class: "frames full" });
-  let folded = 0;
-  const flush = () => {
-    if (folded) ol.append(el("li", { class: "folded" }, `${folded} C++/interpreter frame${folded === 1 ? "" : "s"}`));
-    folded = 0;
-  };
   const visible = frames.filter((f) => all || !HIDDEN.has(f.kind));
   const shown = max && visible.length > max + 2 ? new Set(visible.slice(0, max)) : null;
-  let rest = null;
+  // Past the shown frames, frames and folded runs alike go under the toggle.
+  let rest = null, into = ol, folded = 0, moreFrames = 0;
+  const flush = () => {
+    if (folded) into.append(el("li", { class: "folded" }, `${folded} C++/interpreter frame${folded === 1 ? "" : "s"}`));
+    folded = 0;
+  };
   for (const f of frames) {
     if (!all && HIDDEN.has(f.kind)) { folded++; continue; }
+    if (shown && !shown.has(f) && !rest) into = rest = el("ol", { class: "frames full" });
     flush();
-    const li = el("li", { class: "frame-" + (f.kind || "user") }, frameText(f));
-    if (shown && !shown.has(f)) {
-      rest ??= el("ol", { class: "frames full" });
-      rest.append(li);
-    } else ol.append(li);
+    into.append(el("li", { class: "frame-" + (f.kind || "user") }, frameText(f)));
+    if (rest) moreFrames++;
   }
   flush();
   if (!rest) return ol;
-  const more = el("details", { class: "more-frames" }, el("summary", {}, `${rest.children.length} more frames`), rest);
+  const more = el("details", { class: "more-frames" }, el("summary", {}, `${moreFrames} more frames`), rest);
   return el("div", {}, ol, more);
 }
 

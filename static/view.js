@@ -12,6 +12,7 @@ import { initKeys } from "./keys.js";
 import { EventList } from "./events.js";
 import { Search } from "./search.js";
 import { showSnapshot } from "./snapshot.js";
+import { LivePanel, showJumps } from "./livemem.js";
 
 const root = document.getElementById("view");
 const data = root.dataset;
@@ -26,6 +27,7 @@ const view = new PageState(root, {
   details,
   mapLoaded: (d) => {
     events.reveal(d?.seq ?? view.firstSeq);
+    if (d) live.load(d.seq);
     if (view.panel === "cursor") cursorPanel(); // a new map, or its failure, replaces "Loading…"
   },
 });
@@ -83,7 +85,7 @@ for (const p of panels) {
 }
 const allFrames = document.getElementById("all-frames");
 allFrames.checked = view.allFrames;
-allFrames.addEventListener("change", () => view.setAllFrames(allFrames.checked));
+allFrames.addEventListener("change", () => { view.setAllFrames(allFrames.checked); live.load(live.seq, true); });
 
 let detailsAbort = null;
 let snapshotShown = false;
@@ -203,6 +205,23 @@ async function showDevices() {
 // ---- start ---------------------------------------------------------------
 
 const events = new EventList(document.getElementById("events"), view);
+const live = new LivePanel(view);
+window.vramscopeLive = live; // for tests and the console
+document.getElementById("live-peak").addEventListener("click", () => document.getElementById("go-peak").click());
+
+// How the timeline colours its bands; the categories' legend shows with them.
+const bandMode = document.getElementById("band-mode");
+const catLegend = document.getElementById("cat-legend");
+function showBandMode() {
+  catLegend.hidden = view.bandMode === "alloc";
+  if (!catLegend.hidden && !catLegend.childElementCount) {
+    const names = ["parameters", "optimizer state", "gradients", "activations", "temporaries", "communication", "persistent state", "unknown"];
+    catLegend.replaceChildren(...names.map((n, i) => el("span", { class: "key cat" }, el("i", { class: "sw sw-" + i }), n)));
+  }
+}
+bandMode.value = view.bandMode;
+bandMode.addEventListener("change", () => { view.setBandMode(bandMode.value); showBandMode(); });
+showBandMode();
 const search = new Search(view, document.getElementById("search-form"), document.getElementById("search-q"), document.getElementById("panel-search"));
 view.search = search;
 initKeys(view, [
@@ -220,7 +239,8 @@ showDevices().catch((e) => view.error("Devices: " + e.message));
 showIncidents(view, document.querySelector(".timeline-panel .legend")).then((list) => {
   ooms = list || [];
   document.getElementById("go-oom").hidden = !ooms.length;
-}).catch((e) => view.error("Incidents: " + e.message));
+  return showJumps(view, goTo, ooms);
+}).catch((e) => view.error("Incidents and steps: " + e.message));
 if (data.status === "live") view.live = follow(view);
 if (data.status !== "live") {
   document.getElementById("needed-panel").hidden = false;

@@ -467,12 +467,17 @@ func (db *DB) StacksOf(id string, sids []gpu.StackID) (map[gpu.StackID]gpu.Stack
 		return nil, err
 	}
 	defer r.close()
+	out := make(map[gpu.StackID]gpu.Stack, len(sids))
+	return out, r.stacksOf(sids, out)
+}
+
+// stacksOf adds to out the stacks of sids it does not hold yet.
+func (r *reader) stacksOf(sids []gpu.StackID, out map[gpu.StackID]gpu.Stack) error {
 	st, err := r.tx.Prepare("SELECT frames FROM stacks WHERE tid = ? AND sid = ?")
 	if err != nil {
-		return nil, err
+		return err
 	}
 	defer st.Close()
-	out := make(map[gpu.StackID]gpu.Stack, len(sids))
 	for _, sid := range sids {
 		if _, done := out[sid]; done || sid == 0 {
 			continue
@@ -483,15 +488,15 @@ func (db *DB) StacksOf(id string, sids []gpu.StackID) (map[gpu.StackID]gpu.Stack
 			continue
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var s gpu.Stack
 		if err := json.Unmarshal([]byte(frames), &s); err != nil {
-			return nil, err
+			return fmt.Errorf("trace %s: stack %d: %w", r.trace.ID, sid, err)
 		}
 		out[sid] = s
 	}
-	return out, nil
+	return nil
 }
 
 // LayoutAtSeq returns the layout after every event with Seq <= seq, and the

@@ -168,3 +168,26 @@ func TestUploadsGoWithTheirTraces(t *testing.T) {
 		t.Errorf("joined a missing upload: %v", err)
 	}
 }
+
+// Marks are a trace's annotations in time order (ties as written), with
+// time, stage and name.
+func TestMarks(t *testing.T) {
+	db, _ := openTemp(t)
+	w, err := db.CreateTrace(testMeta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Annotate(gpu.Annotation{TimeUS: 9, Stage: "END", Name: "a", Form: `{"keys":["name"]}`, Device: 3},
+		gpu.Annotation{TimeUS: 5, Stage: "START", Name: "a"}, gpu.Annotation{TimeUS: 9, Stage: "START", Name: "b"})
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	got, err := db.Marks(w.ID())
+	want := []gpu.Annotation{{TimeUS: 5, Stage: "START", Name: "a"}, {TimeUS: 9, Stage: "END", Name: "a"}, {TimeUS: 9, Stage: "START", Name: "b"}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Errorf("marks %+v, %v", got, err)
+	}
+	if _, err := db.Marks("nope"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("an unknown trace: %v", err)
+	}
+}

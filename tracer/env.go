@@ -36,6 +36,10 @@ type Env struct {
 	// START and END annotations, like PyTorch's record_function; nil
 	// drops them.
 	Annotations gpu.Annotator
+	// Role, when set, is told what each allocation of a workload that
+	// knows it is for (the training loop's Role* names): the ground truth
+	// tests compare categories with.
+	Role func(addr uint64, role string)
 	// Notes collects lines the workload wants in the final summary, and
 	// Metrics the figures behind them.
 	Notes   []string

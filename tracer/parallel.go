@@ -228,7 +228,7 @@ func (st stage) Run(ctx context.Context, env *Env) error {
 	order, length := p.schedule(p.forwardUS())
 	stepUS := length + length/4 + 50_000
 	recvFrame := func(fn string) gpu.StackID {
-		return env.stack(frame(fn, "pipeline_parallel/p2p_communication.py", 310), frame("forward_backward_pipelining", "pipeline_parallel/schedules.py", 1200), m.stepFrame, m.mainFrame)
+		return m.stack([]gpu.Frame{frame(fn, "pipeline_parallel/p2p_communication.py", 310), frame("forward_backward_pipelining", "pipeline_parallel/schedules.py", 1200), m.stepFrame, m.mainFrame})
 	}
 	adam := tensors{}
 	inFlight := 0
@@ -291,7 +291,7 @@ func (st stage) Run(ctx context.Context, env *Env) error {
 			}
 			delete(saved, op.mb)
 			if first {
-				if err := m.grad(grads, "model.embed.weight", m.bwd("model.embed", 3)); err != nil {
+				if err := m.grad(grads, "model.embed.weight", m.node("EmbeddingBackward0")); err != nil {
 					return err
 				}
 			}

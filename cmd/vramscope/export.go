@@ -7,13 +7,15 @@ import (
 	"io"
 	"os"
 
+	"vramscope/attrib"
+	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/pytorch"
 	"vramscope/store"
 )
 
 func init() {
-	register("export", "write a stored trace as a PyTorch snapshot that pytorch.org/memory_viz opens", runExport)
+	register("export", "write a stored trace as a PyTorch snapshot that pytorch.org/memory_viz opens, or its live set at an instant as a pprof profile", runExport)
 }
 
 func runExport(args []string, stdout, stderr io.Writer) error {
@@ -21,8 +23,13 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	out := fs.String("o", "", "output file (.pickle); - for standard output")
 	dbPath := fs.String("db", defaultDB, "SQLite database")
 	device := fs.Int("device", -1, "write only this device of the trace's upload (default: every device)")
+	format := fs.String("format", "pickle", "pickle (a PyTorch snapshot) or pprof (the live allocations at an instant)")
+	at := fs.Int64("at", 0, "pprof: the instant, in the trace's microseconds (default: the peak of allocated memory)")
+	seq := fs.Int64("seq", 0, "pprof: the instant right after event `N` (instead of --at)")
+	allFrames := fs.Bool("all-frames", false, "pprof: keep the frames views hide (the allocator's, C++ and CPython's)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope export TRACE -o FILE.pickle [--device N] [--db PATH]")
+		fmt.Fprintln(stderr, "       vramscope export TRACE --format pprof [--at T | --seq N] -o live.pb.gz [--db PATH]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseTraceArgs(fs, args)
@@ -32,13 +39,39 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 || *out == "" {
 		return usagef("want one TRACE and -o FILE")
 	}
+	switch {
+	case *format != "pickle" && *format != "pprof":
+		return usagef("--format %q is neither pickle nor pprof", *format)
+	case *format == "pickle" && (flagSet(fs, "at") || flagSet(fs, "seq") || *allFrames):
+		return usagef("--at, --seq and --all-frames are for --format pprof")
+	case *format == "pprof" && flagSet(fs, "device"):
+		return usagef("--device is for --format pickle: a pprof profile is one trace's live set")
+	case flagSet(fs, "at") && flagSet(fs, "seq"):
+		return usagef("give --at or --seq, not both")
+	}
 	db, err := store.Open(*dbPath)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	if _, err := db.Trace(pos[0]); err != nil {
+	tr, err := db.Trace(pos[0])
+	if err != nil {
 		return usagef("no trace %q in the database", pos[0])
+	}
+	if *format == "pprof" {
+		when := attrib.Instant{BySeq: true, Seq: tr.PeakSeq}
+		switch {
+		case flagSet(fs, "at"):
+			when = attrib.Instant{TimeUS: *at}
+		case flagSet(fs, "seq"):
+			if *seq < -1 || *seq > tr.LastSeq {
+				return usagef("--seq %d is not an event of trace %s (events %d to %d)", *seq, tr.ID, tr.FirstSeq, tr.LastSeq)
+			}
+			when = attrib.Instant{BySeq: true, Seq: *seq}
+		case tr.PeakSeq < 0:
+			when.Seq = tr.LastSeq
+		}
+		return exportProfile(db, tr, when, *allFrames, *out, stdout, stderr)
 	}
 	traces, err := ingest.Traces(db, pos[0], *device)
 	if errors.Is(err, store.ErrNotFound) {
@@ -74,5 +107,31 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 		}
 		fmt.Fprintf(stderr, "wrote %s: %d devices, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, len(traces), events, segments)
 	}
+	return nil
+}
+
+// exportProfile writes the live set of trace tr at an instant as a pprof
+// profile to out ("-" for standard output).
+func exportProfile(db *store.DB, tr gpu.Trace, when attrib.Instant, all bool, out string, stdout, stderr io.Writer) error {
+	l, err := attrib.At(db, tr.ID, when)
+	if err != nil {
+		return err
+	}
+	if out == "-" {
+		return attrib.WriteProfile(stdout, l, tr, all)
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if err := attrib.WriteProfile(f, l, tr, all); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(stderr, "wrote %s: %d live allocations, %d bytes, right after event %d; read it with go tool pprof -top %s\n",
+		out, len(l.Blocks), l.Bytes(), l.Seq, out)
 	return nil
 }

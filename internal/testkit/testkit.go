@@ -58,10 +58,11 @@ func OpenDB(tb testing.TB) *store.DB {
 
 // Record runs w through the caching allocator on a simulated device of
 // capacity bytes under conf into db, as `vramscope trace` does, and returns
-// the trace id. An OOM ends the run like a real job's.
-func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string) string {
+// the trace id. An OOM ends the run like a real job's. setup, if any, may
+// change the workload's environment first (a test's Env.Role hook).
+func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string, setup ...func(*tracer.Env)) string {
 	tb.Helper()
-	return record(tb, db, name, "", w, capacity, conf)
+	return record(tb, db, name, "", w, capacity, conf, setup...)
 }
 
 // RecordRun records every rank of job as Record does, each rank an upload
@@ -83,7 +84,7 @@ func RecordRun(tb testing.TB, db *store.DB, name string, job tracer.Parallel, ca
 	return run
 }
 
-func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload, capacity uint64, conf string) string {
+func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload, capacity uint64, conf string, setup ...func(*tracer.Env)) string {
 	tb.Helper()
 	cfg, err := caching.ParseConfig(conf)
 	if err != nil {
@@ -100,7 +101,11 @@ func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload,
 	if err != nil {
 		tb.Fatal(err)
 	}
-	runErr := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr, Annotations: wr})
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: wr, Annotations: wr}
+	for _, f := range setup {
+		f(env)
+	}
+	runErr := tracer.Run(context.Background(), w, env)
 	var oom *caching.OutOfMemoryError
 	if runErr != nil && !errors.As(runErr, &oom) {
 		tb.Fatal(runErr)

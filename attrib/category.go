@@ -1,0 +1,275 @@
+package attrib
+
+import (
+	"strings"
+
+	"vramscope/gpu"
+)
+
+// Categories: what an allocation holds, from an ordered rule table over
+// its frames, combined with what the allocator and the trace say of it
+// (its stream, its lifetime across steps and optimizer steps, the
+// annotated region it was made in, the user_metadata of its alloc event).
+// The first rule that matches decides; what no rule matches is Unknown,
+// which views always show.
+//
+//	 #  rule                  matches                                         category
+//	 1  user_metadata         the alloc event's user_metadata names one:      that category (high)
+//	                          param, optim, grad, activation, temp|workspace,
+//	                          comm|nccl
+//	 2  communication frames  torch/distributed/, deepspeed/comm/, c10d::,    communication (high on a
+//	                          ProcessGroupNCCL, nccl*, all_reduce, all_gather, side stream, else medium)
+//	                          reduce_scatter, all_to_all
+//	 3  workspace frames      a function named *workspace* (cuBLAS, cuDNN)    temporaries (medium)
+//	 4  optimizer             a frame in torch/optim/ (the step wrapper,      optimizer state when made by
+//	                          adam.py...), a step() in a file named *optim*,  _init_group, or alive when its
+//	                          or made inside an Optimizer.step region         optimizer step ended, when the
+//	                                                                          next one began, across a step
+//	                                                                          or at the end; temporaries
+//	                                                                          when freed before
+//	 5  autograd              the autograd engine (torch::autograd::Engine,   activations when nn.Module
+//	                          torch::autograd::generated::, AccumulateGrad),  frames are there too (recomputed);
+//	                          torch/autograd/ or Tensor.backward frames,      gradients when alive when the
+//	                          or made inside a backward region                next optimizer step began, or
+//	                                                                          across a step; temporaries when
+//	                                                                          freed before it; gradients (low)
+//	                                                                          when the trace has no later
+//	                                                                          optimizer step
+//	 6  parameter frames      nn.Module construction (__init__ in torch/nn/,  parameters (high when also
+//	                          reset_parameters), Module.to/cuda/_apply,       persistent, see 8)
+//	                          load_state_dict, from_pretrained, or a user
+//	                          __init__ when persistent
+//	 7  forward frames        nn.Module calls (_call_impl), torch.nn.         activations (medium)
+//	                          functional, a function named forward, or made
+//	                          inside a forward region
+//	 8  lifetime              persistent: made before the first step (or      persistent state (low):
+//	                          before the trace) and alive across a step       parameters or optimizer state
+//	                          boundary, or never freed
+//	 9  stream                on a side stream (not the one holding most of   communication (low)
+//	                          the live bytes)
+//	10  otherwise                                                             unknown
+//
+// Sureness: high when two independent signs agree (a frame and the
+// allocation's lifetime or region) or the user said so; medium for one
+// sign; low for allocator facts alone.
+
+// Category is what an allocation holds.
+type Category string
+
+const (
+	Parameters     Category = "parameters"
+	OptimizerState Category = "optimizer state"
+	Gradients      Category = "gradients"
+	Activations    Category = "activations"
+	Temporaries    Category = "temporaries"
+	Communication  Category = "communication"
+	// Persistent is what lives across training steps and no frame names:
+	// parameters or optimizer state.
+	Persistent Category = "persistent state"
+	Unknown    Category = "unknown"
+)
+
+// AllCategories lists the categories in the order views show them.
+var AllCategories = []Category{Parameters, OptimizerState, Gradients, Activations, Temporaries, Communication, Persistent, Unknown}
+
+// Verdict is a block's category, how sure it is, and the rule that gave it.
+type Verdict struct {
+	Category Category `json:"category"`
+	Sure     Sureness `json:"sure"`
+	Rule     string   `json:"rule"`
+}
+
+// Sureness says how much a verdict rests on.
+type Sureness string
+
+const (
+	High   Sureness = "high"   // the user said so, or two independent signs agree
+	Medium Sureness = "medium" // one sign: a frame rule, or an annotated region
+	Low    Sureness = "low"    // allocator facts alone
+)
+
+// Facts are what a rule may ask of one allocation.
+type Facts struct {
+	Stack    gpu.Stack
+	Metadata string
+	Stream   int64
+	// SideStream: the allocation is not on the stream holding most live bytes.
+	SideStream bool
+	// Phases are the phases of the annotated regions its alloc event fell in.
+	Phases []Phase
+	// BeforeFirstStep: made before the first step began (or before the
+	// trace); false when the trace marks no steps.
+	BeforeFirstStep bool
+	// BeforeTrace: made before the trace began (its history was not
+	// recorded).
+	BeforeTrace bool
+	// AcrossStep: alive at the start of a step after the one it was made in.
+	AcrossStep bool
+	// NeverFreed: still allocated when the trace ends.
+	NeverFreed bool
+	// AliveAtOptimizer: alive when the first optimizer step after its
+	// alloc began. OutlivesOptimizer: made inside an optimizer step and
+	// alive when that step ended. Unsure when the trace does not tell.
+	AliveAtOptimizer  Tri
+	OutlivesOptimizer Tri
+}
+
+// Tri is yes, no, or the trace does not tell.
+type Tri int8
+
+const (
+	Unsure Tri = iota
+	Yes
+	No
+)
+
+func (f *Facts) in(p Phase) bool {
+	for _, x := range f.Phases {
+		if x == p {
+			return true
+		}
+	}
+	return false
+}
+
+// anyFrame reports whether a frame of the stack matches.
+func (f *Facts) anyFrame(match func(name, file string) bool) bool {
+	for _, fr := range f.Stack {
+		if match(fr.Name, strings.ReplaceAll(fr.Filename, `\`, "/")) {
+			return true
+		}
+	}
+	return false
+}
+
+func containsAny(s string, subs ...string) bool {
+	for _, x := range subs {
+		if strings.Contains(s, x) {
+			return true
+		}
+	}
+	return false
+}
+
+// metadataWords map words in user_metadata to categories (rule 1).
+var metadataWords = []struct {
+	words []string
+	cat   Category
+}{
+	{[]string{"optim"}, OptimizerState},
+	{[]string{"grad"}, Gradients},
+	{[]string{"param", "weight"}, Parameters},
+	{[]string{"activation"}, Activations},
+	{[]string{"temp", "workspace", "scratch"}, Temporaries},
+	{[]string{"comm", "nccl"}, Communication},
+}
+
+func commFrame(name, file string) bool {
+	return containsAny(file, "torch/distributed/", "deepspeed/comm/") ||
+		containsAny(gpu.Function(name), "c10d::", "ProcessGroupNCCL", "nccl", "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all")
+}
+
+func workspaceFrame(name, _ string) bool {
+	return strings.Contains(strings.ToLower(gpu.Function(name)), "workspace")
+}
+
+func optimizerFrame(name, file string) bool {
+	if strings.Contains(file, "torch/optim/") {
+		return true
+	}
+	base := file[strings.LastIndexByte(file, '/')+1:]
+	return name == "step" && strings.Contains(strings.ToLower(base), "optim")
+}
+
+func optimizerStateFrame(name, _ string) bool {
+	return name == "_init_group" || name == "_init_state"
+}
+
+func autogradFrame(name, file string) bool {
+	fn := gpu.Function(name)
+	return containsAny(fn, "torch::autograd::Engine", "torch::autograd::generated::", "AccumulateGrad", "_engine_run_backward") ||
+		strings.Contains(file, "torch/autograd/") || fn == "backward" && strings.HasSuffix(file, "torch/_tensor.py")
+}
+
+func torchNNFrame(file string) bool { return strings.Contains(file, "torch/nn/") }
+
+func parameterFrame(name, file string) bool {
+	switch name {
+	case "reset_parameters", "load_state_dict", "_load_from_state_dict", "from_pretrained", "_apply":
+		return true
+	case "__init__", "to", "cuda", "convert":
+		return torchNNFrame(file)
+	}
+	return false
+}
+
+func userInitFrame(name, file string) bool { return name == "__init__" && !torchNNFrame(file) }
+
+func forwardFrame(name, file string) bool {
+	return name == "forward" || (name == "_call_impl" || name == "_wrapped_call_impl") && torchNNFrame(file) ||
+		strings.HasSuffix(file, "torch/nn/functional.py")
+}
+
+// sure is high when a second sign agrees, else medium.
+func sure(agree bool) Sureness {
+	if agree {
+		return High
+	}
+	return Medium
+}
+
+// Categorize applies the rule table to one allocation.
+func Categorize(f *Facts) Verdict {
+	if m := strings.ToLower(f.Metadata); m != "" {
+		for _, w := range metadataWords {
+			if containsAny(m, w.words...) {
+				return Verdict{w.cat, High, "user_metadata"}
+			}
+		}
+	}
+	if f.anyFrame(commFrame) {
+		return Verdict{Communication, sure(f.SideStream), "communication frames"}
+	}
+	if f.anyFrame(workspaceFrame) {
+		return Verdict{Temporaries, Medium, "workspace frames"}
+	}
+	if inOpt, byFrame := f.in(PhaseOptimizer), f.anyFrame(optimizerFrame); inOpt || byFrame {
+		init := f.anyFrame(optimizerStateFrame)
+		lasts := f.OutlivesOptimizer == Yes || f.AliveAtOptimizer == Yes || f.AcrossStep || f.NeverFreed
+		switch {
+		case init || lasts:
+			return Verdict{OptimizerState, sure(byFrame && inOpt || (init || byFrame) && lasts), "optimizer"}
+		case f.OutlivesOptimizer == No || f.OutlivesOptimizer == Unsure && f.AliveAtOptimizer == No:
+			return Verdict{Temporaries, sure(byFrame), "optimizer"}
+		}
+		return Verdict{OptimizerState, Low, "optimizer"}
+	}
+	if inBwd, byFrame := f.in(PhaseBackward), f.anyFrame(autogradFrame); inBwd || byFrame {
+		switch {
+		case f.anyFrame(forwardFrame):
+			return Verdict{Activations, Medium, "autograd"} // recomputed (activation checkpointing)
+		case f.AliveAtOptimizer == Yes || f.AcrossStep:
+			return Verdict{Gradients, sure(byFrame || inBwd), "autograd"}
+		case f.AliveAtOptimizer == No:
+			return Verdict{Temporaries, sure(byFrame && inBwd), "autograd"}
+		}
+		return Verdict{Gradients, Low, "autograd"}
+	}
+	persistent := (f.BeforeFirstStep || f.BeforeTrace) && (f.AcrossStep || f.NeverFreed)
+	if f.anyFrame(parameterFrame) {
+		return Verdict{Parameters, sure(persistent), "parameter frames"}
+	}
+	if persistent && f.anyFrame(userInitFrame) {
+		return Verdict{Parameters, High, "parameter frames"}
+	}
+	if f.in(PhaseForward) || f.anyFrame(forwardFrame) {
+		return Verdict{Activations, Medium, "forward frames"}
+	}
+	if persistent {
+		return Verdict{Persistent, Low, "lifetime"}
+	}
+	if f.SideStream {
+		return Verdict{Communication, Low, "stream"}
+	}
+	return Verdict{Unknown, Low, "none"}
+}

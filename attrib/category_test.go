@@ -1,0 +1,224 @@
+package attrib_test
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+
+	"vramscope/attrib"
+	"vramscope/gpu"
+	"vramscope/internal/testkit"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// smallTrain is the training loop at a size a test runs in a moment.
+func smallTrain() tracer.Train {
+	w := tracer.DefaultTrain()
+	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 4, 512, 8192, 4, 256, 3
+	return w
+}
+
+// truthOf maps the roles the training loop gives its allocations to the
+// categories they should get.
+var truthOf = map[string]attrib.Category{
+	tracer.RoleParameter: attrib.Parameters, tracer.RoleOptimizerState: attrib.OptimizerState,
+	tracer.RoleActivation: attrib.Activations, tracer.RoleGradient: attrib.Gradients, tracer.RoleTemporary: attrib.Temporaries,
+}
+
+// recordWithTruth records w and returns its trace and the category each
+// alloc event should get, by seq: the workload tells a hook in this test
+// what each allocation is for, in the order it makes them, which is the
+// order of the alloc events.
+func recordWithTruth(t *testing.T, db *store.DB, w tracer.Workload, annotated bool) (gpu.Trace, map[int64]attrib.Category) {
+	t.Helper()
+	var roles []string
+	id := testkit.Record(t, db, "train", w, 80<<30, "", func(env *tracer.Env) {
+		env.Role = func(_ uint64, role string) { roles = append(roles, role) }
+		if !annotated {
+			env.Annotations = nil
+		}
+	})
+	tr, err := db.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := db.Events(id, 0, tr.LastSeq+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	truth := map[int64]attrib.Category{}
+	for _, e := range evs {
+		if e.Action == gpu.ActionAlloc {
+			if len(truth) >= len(roles) {
+				t.Fatalf("more alloc events than allocations the workload made (%d)", len(roles))
+			}
+			truth[e.Seq] = truthOf[roles[len(truth)]]
+		}
+	}
+	if len(truth) != len(roles) {
+		t.Fatalf("%d alloc events, %d allocations", len(truth), len(roles))
+	}
+	return tr, truth
+}
+
+// score is how many of the live bytes got their true category: right and
+// wrong bytes per category given (precision) and per true category (recall).
+type score struct {
+	right, total          uint64
+	given, givenRight     map[attrib.Category]uint64
+	actual, actualMatched map[attrib.Category]uint64
+}
+
+func scoreOf(l *attrib.Live, truth map[int64]attrib.Category) score {
+	s := score{given: map[attrib.Category]uint64{}, givenRight: map[attrib.Category]uint64{},
+		actual: map[attrib.Category]uint64{}, actualMatched: map[attrib.Category]uint64{}}
+	for i, b := range l.Blocks {
+		want, got := truth[b.Seq], l.Verdicts[i].Category
+		s.total += b.Size
+		s.given[got] += b.Size
+		s.actual[want] += b.Size
+		if got == want {
+			s.right += b.Size
+			s.givenRight[got] += b.Size
+			s.actualMatched[want] += b.Size
+		}
+	}
+	return s
+}
+
+func (s score) accuracy() float64 { return float64(s.right) / float64(s.total) }
+
+func (s score) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%.1f %% of %.1f MiB right;", 100*s.accuracy(), float64(s.total)/(1<<20))
+	for _, c := range attrib.AllCategories {
+		if s.given[c] == 0 && s.actual[c] == 0 {
+			continue
+		}
+		p, r := "–", "–"
+		if s.given[c] > 0 {
+			p = fmt.Sprintf("%.1f %%", 100*float64(s.givenRight[c])/float64(s.given[c]))
+		}
+		if s.actual[c] > 0 {
+			r = fmt.Sprintf("%.1f %%", 100*float64(s.actualMatched[c])/float64(s.actual[c]))
+		}
+		fmt.Fprintf(&b, " %s: precision %s, recall %s (%.1f MiB);", c, p, r, float64(s.actual[c])/(1<<20))
+	}
+	return b.String()
+}
+
+// On the Go training loop, whose every allocation's purpose is known, at
+// least 90 % of the live bytes get their true category at the peak and at
+// each step's peak; the per-category figures are logged. Without its step
+// and optimizer annotations the frames and lifetimes alone must do.
+func TestCategoriesOfGoTraining(t *testing.T) {
+	for _, c := range []struct{ ckpt, annotated bool }{{false, true}, {true, true}, {false, false}} {
+		t.Run(fmt.Sprintf("checkpointing=%v,annotated=%v", c.ckpt, c.annotated), func(t *testing.T) {
+			db := testkit.OpenDB(t)
+			w := smallTrain()
+			w.Checkpointing = c.ckpt
+			tr, truth := recordWithTruth(t, db, w, c.annotated)
+			cat, err := attrib.NewCategorizer(db, tr.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			steps := attrib.Steps(cat.Regions())
+			if c.annotated && len(steps) != w.Steps {
+				t.Fatalf("%d steps, want %d", len(steps), w.Steps)
+			}
+			at := map[string]int64{"the peak": tr.PeakSeq}
+			spans := make([]store.Span, len(steps))
+			for i, s := range steps {
+				spans[i] = store.Span{T0: s.StartUS, T1: s.EndUS}
+			}
+			peaks, err := db.Peaks(tr.ID, spans)
+			if err != nil && len(spans) > 0 {
+				t.Fatal(err)
+			}
+			for i, p := range peaks {
+				at[fmt.Sprintf("step %d's peak", steps[i].Step)] = p.Seq
+			}
+			names := make([]string, 0, len(at))
+			for n := range at {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				l, err := cat.At(attrib.Instant{BySeq: true, Seq: at[n]})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := scoreOf(l, truth)
+				t.Logf("%s (event %d): %v", n, at[n], s)
+				if s.accuracy() < 0.9 {
+					t.Errorf("%s: %.1f %% of the live bytes right, want at least 90 %%", n, 100*s.accuracy())
+				}
+			}
+			// Across the whole run (every 50th event), for the record.
+			var all score
+			for seq := int64(0); seq <= tr.LastSeq; seq += 50 {
+				l, err := cat.At(attrib.Instant{BySeq: true, Seq: seq})
+				if err != nil {
+					t.Fatal(err)
+				}
+				s := scoreOf(l, truth)
+				all.right += s.right
+				all.total += s.total
+			}
+			t.Logf("every 50th event: %.1f %% of the live bytes right", 100*all.accuracy())
+		})
+	}
+}
+
+// The top frame at the peak of the Go training loop is what a reader of
+// its stacks would name: optimizer.step() in train_step, which makes the
+// Adam states (the optimizer's own frames are torch's, in site-packages).
+func TestTopFrameAtGoTrainingPeak(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	l, err := attrib.At(db, tr.ID, attrib.Instant{BySeq: true, Seq: tr.PeakSeq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := attrib.Group(l.LiveSet, attrib.ByFrame, attrib.Options{})
+	if top := g.Rows[0]; top.Label != "train.py:93 train_step" {
+		t.Errorf("top frame at the peak: %q (%d bytes), want train.py:93 train_step; rows %+v", top.Label, top.Bytes, g.Rows[:3])
+	}
+}
+
+// The stacked areas by category hold, at each sampled instant, exactly the
+// live set there, sorted as at that instant.
+func TestAreas(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	c, err := attrib.NewCategorizer(db, tr.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := c.Areas(tr.FirstUS, tr.LastUS, 40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a.T) != 40 || len(a.Bytes) != 40 || len(a.Categories) != len(attrib.AllCategories) {
+		t.Fatalf("%d instants, %d samples, %d categories", len(a.T), len(a.Bytes), len(a.Categories))
+	}
+	for i, at := range a.T {
+		l, err := c.At(attrib.Instant{TimeUS: at})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := make([]uint64, len(attrib.AllCategories))
+		for j, v := range l.Verdicts {
+			for k, cat := range attrib.AllCategories {
+				if cat == v.Category {
+					want[k] += l.Blocks[j].Size
+				}
+			}
+		}
+		if l.Seq != a.Seq[i] || fmt.Sprint(want) != fmt.Sprint(a.Bytes[i]) {
+			t.Fatalf("instant %d (t %d): areas %v after %d, the live set %v after %d", i, at, a.Bytes[i], a.Seq[i], want, l.Seq)
+		}
+	}
+}

@@ -1,0 +1,363 @@
+package attrib
+
+import (
+	"sort"
+	"sync"
+
+	"vramscope/gpu"
+	"vramscope/store"
+)
+
+// Instant names a moment of a trace: right after event Seq when BySeq,
+// else after the last event at or before TimeUS.
+type Instant struct {
+	BySeq  bool
+	Seq    int64
+	TimeUS int64
+}
+
+// Live is the live set at an instant with each block's category.
+type Live struct {
+	*store.LiveSet
+	Verdicts []Verdict // one per block
+	Regions  []Region  // the trace's annotated regions (steps, phases)
+}
+
+// At reads the live set of trace id at an instant and sorts its blocks
+// into categories.
+func At(db *store.DB, id string, at Instant) (*Live, error) {
+	c, err := NewCategorizer(db, id)
+	if err != nil {
+		return nil, err
+	}
+	return c.At(at)
+}
+
+// Categorizer sorts the live sets of one trace into categories; it reads
+// the trace's regions once and keeps the layouts at the step and optimizer
+// boundaries it looked at, so that many instants of a trace cost little
+// more than their live sets.
+type Categorizer struct {
+	db      *store.DB
+	trace   gpu.Trace
+	regions []Region
+	// steps are the starts of the training steps, in order.
+	steps []int64
+	// phases are the time ranges of each phase; optimizer has each
+	// optimizer step separately (they are not merged across steps).
+	phases    map[Phase]spans
+	optimizer []Region
+
+	mu    sync.Mutex                  // guards alive: a categorizer serves concurrent requests
+	alive map[int64]map[blockKey]bool // the allocations live at boundaries looked at
+}
+
+// maxAlive bounds the layouts a categorizer keeps.
+const maxAlive = 64
+
+// NewCategorizer reads what categories need of trace id: its regions.
+func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
+	t, err := db.Trace(id)
+	if err != nil {
+		return nil, err
+	}
+	anns, err := db.Marks(id)
+	if err != nil {
+		return nil, err
+	}
+	c := &Categorizer{db: db, trace: t, regions: Regions(anns, t.LastUS+1), phases: map[Phase]spans{},
+		alive: map[int64]map[blockKey]bool{}}
+	for _, r := range c.regions {
+		if r.Step >= 0 {
+			c.steps = append(c.steps, r.StartUS)
+		}
+		if r.Phase == PhaseOptimizer {
+			c.optimizer = append(c.optimizer, r)
+		}
+	}
+	for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+		c.phases[p] = spansOf(c.regions, func(r *Region) bool { return r.Phase == p })
+	}
+	return c, nil
+}
+
+// Regions are the trace's annotated regions, in order of start.
+func (c *Categorizer) Regions() []Region { return c.regions }
+
+// At reads the live set at an instant and sorts its blocks.
+func (c *Categorizer) At(at Instant) (*Live, error) {
+	var ls *store.LiveSet
+	var err error
+	if at.BySeq {
+		ls, err = c.db.LiveAtSeq(c.trace.ID, at.Seq)
+	} else {
+		ls, err = c.db.LiveAt(c.trace.ID, at.TimeUS)
+	}
+	if err != nil {
+		return nil, err
+	}
+	v, err := c.Verdicts(ls)
+	if err != nil {
+		return nil, err
+	}
+	return &Live{LiveSet: ls, Verdicts: v, Regions: c.regions}, nil
+}
+
+// blockKey names an allocation: its alloc seq, or for one made before the
+// trace its address with the top bit set.
+type blockKey uint64
+
+func keyOf(b *gpu.Block) blockKey {
+	if b.Seq < 0 {
+		return blockKey(1<<63 | b.Addr)
+	}
+	return blockKey(b.Seq)
+}
+
+// aliveAt is the set of allocations live after the events at or before t.
+func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
+	c.mu.Lock()
+	s, ok := c.alive[t]
+	c.mu.Unlock()
+	if ok {
+		return s, nil
+	}
+	l, _, err := c.db.LayoutAt(c.trace.ID, t)
+	if err != nil {
+		return nil, err
+	}
+	s = map[blockKey]bool{}
+	for i := range l.Segments {
+		for j := range l.Segments[i].Blocks {
+			if b := &l.Segments[i].Blocks[j]; b.State == gpu.BlockAllocated {
+				s[keyOf(b)] = true
+			}
+		}
+	}
+	c.mu.Lock()
+	if len(c.alive) >= maxAlive {
+		clear(c.alive)
+	}
+	c.alive[t] = s
+	c.mu.Unlock()
+	return s, nil
+}
+
+// aliveThen says whether b, live at t, was still live at u (u > t reads
+// the layout there; u <= t is known: a block live at t and made before u
+// was live at u).
+func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64) (bool, error) {
+	if u <= t {
+		return b.AllocUS < u, nil
+	}
+	s, err := c.aliveAt(u)
+	return s[keyOf(&b.Block)], err
+}
+
+// Verdicts sorts the blocks of a live set of this trace.
+func (c *Categorizer) Verdicts(ls *store.LiveSet) ([]Verdict, error) {
+	return c.verdicts(ls, nil)
+}
+
+// memoKey names an allocation and whether it was on a side stream, the one
+// fact that depends on the instant it is seen at.
+type memoKey struct {
+	block blockKey
+	side  bool
+}
+
+// verdicts sorts the blocks of ls, reusing and filling memo when given.
+func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict) ([]Verdict, error) {
+	main := mainStream(ls)
+	t := ls.TimeUS
+	out := make([]Verdict, len(ls.Blocks))
+	for i := range ls.Blocks {
+		b := &ls.Blocks[i]
+		k := memoKey{keyOf(&b.Block), b.Stream != main}
+		if v, ok := memo[k]; ok {
+			out[i] = v
+			continue
+		}
+		f, err := c.facts(b, t, main)
+		if err != nil {
+			return nil, err
+		}
+		f.Stack = ls.Stacks[b.Stack]
+		out[i] = Categorize(f)
+		if memo != nil {
+			memo[k] = out[i]
+		}
+	}
+	return out, nil
+}
+
+// Areas are the live bytes of each category at instants of a window.
+type Areas struct {
+	Categories []Category `json:"categories"`
+	T          []int64    `json:"t"`     // the instants, in order
+	Seq        []int64    `json:"seq"`   // the last event at or before each
+	Bytes      [][]uint64 `json:"bytes"` // per instant, per category
+}
+
+// Areas samples the live set at n instants spread over [t0, t1] (the
+// middles of n equal parts) and sums each category's bytes: the timeline's
+// stacked areas. Each sample costs a live set; an allocation seen at
+// several is sorted once.
+func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
+	out := &Areas{Categories: AllCategories}
+	index := map[Category]int{}
+	for i, cat := range AllCategories {
+		index[cat] = i
+	}
+	memo := map[memoKey]Verdict{}
+	last := int64(-2)
+	for i := 0; i < n; i++ {
+		t := t0 + int64((float64(i)+0.5)*float64(t1-t0)/float64(n))
+		ls, err := c.db.LiveAt(c.trace.ID, t)
+		if err != nil {
+			return nil, err
+		}
+		sums := make([]uint64, len(AllCategories))
+		if ls.Seq == last && len(out.Bytes) > 0 {
+			copy(sums, out.Bytes[len(out.Bytes)-1]) // no event since the last sample
+		} else {
+			vs, err := c.verdicts(ls, memo)
+			if err != nil {
+				return nil, err
+			}
+			for j, v := range vs {
+				sums[index[v.Category]] += ls.Blocks[j].Size
+			}
+		}
+		last = ls.Seq
+		out.T, out.Seq, out.Bytes = append(out.T, t), append(out.Seq, ls.Seq), append(out.Bytes, sums)
+	}
+	return out, nil
+}
+
+// mainStream is the stream holding most live bytes.
+func mainStream(ls *store.LiveSet) int64 {
+	by := map[int64]uint64{}
+	var best int64
+	for i := range ls.Blocks {
+		b := &ls.Blocks[i]
+		by[b.Stream] += b.Size
+		if by[b.Stream] > by[best] || by[b.Stream] == by[best] && b.Stream < best {
+			best = b.Stream
+		}
+	}
+	return best
+}
+
+// facts gathers what the rules ask of block b, live at time t.
+func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
+	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
+	end, err := c.aliveAt(c.trace.LastUS)
+	if err != nil {
+		return nil, err
+	}
+	f.NeverFreed = end[keyOf(&b.Block)]
+	made := b.AllocUS
+	if b.Seq >= 0 {
+		for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+			if c.phases[p].at(made) >= 0 {
+				f.Phases = append(f.Phases, p)
+			}
+		}
+	}
+	if len(c.steps) > 0 {
+		f.BeforeFirstStep = made < c.steps[0]
+		// The first step to start after it was made.
+		if i := sort.Search(len(c.steps), func(i int) bool { return c.steps[i] > made }); i < len(c.steps) {
+			alive, err := c.aliveThen(b, t, c.steps[i])
+			if err != nil {
+				return nil, err
+			}
+			f.AcrossStep = alive
+		}
+	}
+	opt := c.optimizer
+	i := sort.Search(len(opt), func(i int) bool { return opt[i].StartUS > made })
+	if i < len(opt) {
+		alive, err := c.aliveThen(b, t, opt[i].StartUS)
+		if err != nil {
+			return nil, err
+		}
+		f.AliveAtOptimizer = tri(alive)
+	}
+	// The optimizer step it was made in: the last to start at or before it.
+	if i > 0 && made < opt[i-1].EndUS {
+		alive, err := c.aliveThen(b, t, opt[i-1].EndUS)
+		if err != nil {
+			return nil, err
+		}
+		f.OutlivesOptimizer = tri(alive)
+	}
+	return f, nil
+}
+
+func tri(b bool) Tri {
+	if b {
+		return Yes
+	}
+	return No
+}
+
+// Cache keeps the categorizers of the traces last asked about, so that a
+// trace's regions are read once while it does not change (a trace being
+// written gets a new one as it grows). It is safe for concurrent use.
+type Cache struct {
+	mu      sync.Mutex
+	max     int
+	entries []cached // most recent last
+}
+
+type cached struct {
+	key cacheKey
+	c   *Categorizer
+}
+
+type cacheKey struct {
+	id             string
+	lastSeq, count int64
+	status         gpu.TraceStatus
+}
+
+// NewCache keeps the categorizers of up to n traces.
+func NewCache(n int) *Cache { return &Cache{max: max(1, n)} }
+
+// Categorizer returns trace id's categorizer, made anew when the trace
+// changed since.
+func (k *Cache) Categorizer(db *store.DB, id string) (*Categorizer, error) {
+	t, err := db.Trace(id)
+	if err != nil {
+		return nil, err
+	}
+	key := cacheKey{id, t.LastSeq, t.Events, t.Status}
+	k.mu.Lock()
+	for i, e := range k.entries {
+		if e.key == key {
+			k.entries = append(append(k.entries[:i:i], k.entries[i+1:]...), e)
+			k.mu.Unlock()
+			return e.c, nil
+		}
+	}
+	k.mu.Unlock()
+	c, err := NewCategorizer(db, id)
+	if err != nil {
+		return nil, err
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	kept := k.entries[:0]
+	for _, e := range k.entries {
+		if e.key.id != id {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) >= k.max {
+		kept = kept[1:]
+	}
+	k.entries = append(kept, cached{key, c})
+	return c, nil
+}

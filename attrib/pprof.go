@@ -1,0 +1,92 @@
+package attrib
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+
+	"github.com/google/pprof/profile"
+
+	"vramscope/gpu"
+)
+
+// Profile is the live set as a pprof profile, which go tool pprof and
+// every pprof UI read (JAX's device memory profiles are the same): sample
+// types inuse_objects and inuse_space, one sample per live allocation,
+// one location per frame. A sample's stack starts at the frame that
+// labels the allocation (gpu.FirstUserFrame, as the page's table groups
+// them) and goes out through its callers, hidden kinds left out unless
+// all; functions are named by gpu.Label ("model.py:54 forward"), so
+// pprof's rows read as the page's. Labels: the allocation's address,
+// category and sureness; numeric labels bytes, requested, seq and stream.
+func Profile(l *Live, t gpu.Trace, all bool) *profile.Profile {
+	p := &profile.Profile{
+		SampleType:        []*profile.ValueType{{Type: "inuse_objects", Unit: "count"}, {Type: "inuse_space", Unit: "bytes"}},
+		DefaultSampleType: "inuse_space",
+		PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
+		Comments: []string{fmt.Sprintf("vramscope: trace %s (%s), device %d, the live allocations right after event %d",
+			t.ID, t.Title(), t.DeviceOrdinal, l.Seq)},
+	}
+	if !t.NoTime && l.Seq >= 0 {
+		p.TimeNanos = l.TimeUS * 1000
+	}
+	locs := map[string]*profile.Location{}
+	funcs := map[string]*profile.Function{}
+	locOf := func(f gpu.Frame) *profile.Location {
+		s := frameStep(f)
+		if loc, ok := locs[s.key]; ok {
+			return loc
+		}
+		fn := funcs[s.key]
+		if fn == nil {
+			fn = &profile.Function{ID: uint64(len(p.Function) + 1), Name: s.name, SystemName: f.Name, Filename: f.Filename}
+			if f.Line < 1<<63 {
+				fn.StartLine = int64(f.Line)
+			}
+			funcs[s.key] = fn
+			p.Function = append(p.Function, fn)
+		}
+		loc := &profile.Location{ID: uint64(len(p.Location) + 1), Line: []profile.Line{{Function: fn, Line: fn.StartLine}}}
+		locs[s.key] = loc
+		p.Location = append(p.Location, loc)
+		return loc
+	}
+	noStack := locOf(gpu.Frame{Name: "(no stack)"})
+	stacks := map[gpu.StackID][]*profile.Location{}
+	for i := range l.Blocks {
+		b := &l.Blocks[i]
+		st, ok := stacks[b.Stack]
+		if !ok {
+			st = []*profile.Location{noStack}
+			if s := l.Stacks[b.Stack]; len(s) > 0 {
+				label, _ := gpu.FirstUserFrame(s)
+				at := slices.Index(s, label)
+				st = []*profile.Location{locOf(label)}
+				for _, f := range s[at+1:] {
+					if all || !gpu.KindOf(f).Hidden() {
+						st = append(st, locOf(f))
+					}
+				}
+			}
+			stacks[b.Stack] = st
+		}
+		v := Verdict{Category: Unknown, Sure: Low}
+		if i < len(l.Verdicts) {
+			v = l.Verdicts[i]
+		}
+		p.Sample = append(p.Sample, &profile.Sample{
+			Location: st,
+			Value:    []int64{1, int64(b.Size)},
+			Label:    map[string][]string{"address": {"0x" + strconv.FormatUint(b.Addr, 16)}, "category": {string(v.Category)}, "sure": {string(v.Sure)}},
+			NumLabel: map[string][]int64{"bytes": {int64(b.Size)}, "requested": {int64(b.Requested)}, "seq": {b.Seq}, "stream": {b.Stream}},
+			NumUnit:  map[string][]string{"bytes": {"bytes"}, "requested": {"bytes"}},
+		})
+	}
+	return p
+}
+
+// WriteProfile writes the live set's profile, gzipped as pprof reads it.
+func WriteProfile(w io.Writer, l *Live, t gpu.Trace, all bool) error {
+	return Profile(l, t, all).Write(w)
+}
