@@ -4,6 +4,9 @@ import (
 	"fmt"
 	"net/http/httptest"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
@@ -58,4 +61,46 @@ func TestBrowserRunPage(t *testing.T) {
 	waitFor(t, ctx, "the cursor at the peak", fmt.Sprintf(`vramscope.cursorSeq === %d && vramscope.cursor === %d`, stage0.PeakSeq, stage0.PeakUS))
 	waitFor(t, ctx, "the run link", `document.getElementById("run-link")?.textContent.includes("rank 0")`)
 	screenshot(t, ctx, dir, "run-peak-opened")
+}
+
+// Two snapshots chosen at once on the list page become one run named
+// after them, its page opens; back on the list the run is one row with
+// its ranks folded, and deleting it takes every rank.
+func TestBrowserUploadRun(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{})
+	dir := shotDir(t)
+	tmp := t.TempDir()
+	var paths []string
+	for i, name := range []string{"two_gpus_expandable_state_only.pickle", "expandable_oom_multigpu.pickle"} {
+		p := filepath.Join(tmp, fmt.Sprintf("llama_rank%d.pickle", i))
+		if err := os.WriteFile(p, readSnapshot(t, name), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		paths = append(paths, p)
+	}
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/"))
+	within(t, ctx, "list", chromedp.WaitVisible(`table.traces`))
+	within(t, ctx, "two files", chromedp.SetUploadFiles(`#file`, paths))
+	waitFor(t, ctx, "the run page", `location.pathname.startsWith("/runs/") && !!(window.runPage && runPage.page.data)`)
+	if h1 := within(t, ctx, "title", chromedp.Evaluate[string](`document.querySelector("h1, .viewbar strong")?.textContent || document.title`)); !strings.Contains(h1, "llama") {
+		t.Errorf("the run is named %q, want llama", h1)
+	}
+	screenshot(t, ctx, dir, "run-of-real-snapshots")
+	run := strings.TrimPrefix(within(t, ctx, "path", chromedp.Evaluate[string](`location.pathname`)), "/runs/")
+
+	within(t, ctx, "back to the list", chromedp.Navigate(f.srv.URL+"/"))
+	within(t, ctx, "list", chromedp.WaitVisible(`table.traces`))
+	sel := fmt.Sprintf(`tr.run-row[data-run=%q]`, run)
+	within(t, ctx, "unfold the ranks", chromedp.Click(sel+` details summary`))
+	if n := within(t, ctx, "ranks", chromedp.Evaluate[int](fmt.Sprintf(`document.querySelectorAll(%q).length`, sel+` details li`))); n != 5 {
+		t.Errorf("the run's row lists %d traces, want 5", n)
+	}
+	screenshot(t, ctx, dir, "list-with-run")
+	within(t, ctx, "delete", chromedp.Click(sel+` button.delete`))
+	within(t, ctx, "confirm", chromedp.Click(sel+` button.delete`))
+	waitFor(t, ctx, "the row gone", fmt.Sprintf(`document.querySelector(%q) === null`, sel))
+	if _, err := f.db.Run(run); err == nil {
+		t.Error("the run is still stored")
+	}
 }

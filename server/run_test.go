@@ -15,6 +15,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/internal/testkit"
 	"vramscope/store"
+	"vramscope/web"
 )
 
 // form is a multipart body of files under the names given (folders and
@@ -88,6 +89,23 @@ func TestUploadRun(t *testing.T) {
 	page := string(f.get(t, up.URL, http.StatusOK))
 	if !strings.Contains(page, `id="heatmap"`) || !strings.Contains(page, "rank 1 · cuda:2") {
 		t.Errorf("run page:\n%s", page)
+	}
+	// The list folds the run's five traces into one row, with the highest
+	// peak of any rank and its OOM; the fixture's trace keeps its own.
+	list := string(f.get(t, "/", http.StatusOK))
+	if n := strings.Count(list, `class="run-row"`); n != 1 || !strings.Contains(list, `data-run="`+up.Run+`"`) ||
+		!strings.Contains(list, "2 ranks, 5 traces") || strings.Count(list, "<tr data-id=") != 1 {
+		t.Errorf("list: %d run rows\n%s", n, list)
+	}
+	var peak uint64
+	for _, tr := range up.Traces {
+		peak = max(peak, tr.PeakReserved)
+	}
+	if !strings.Contains(list, `<td class="num">`+web.Bytes(peak)+`</td>`) {
+		t.Errorf("the list does not show the run's peak %s", web.Bytes(peak))
+	}
+	if !strings.Contains(string(f.get(t, "/?name=JOB", http.StatusOK)), `data-run="`+up.Run+`"`) {
+		t.Error("the list's name filter does not find the run by its name")
 	}
 	var h store.Heatmap
 	f.getJSON(t, "/api/runs/"+up.Run+"/heatmap?series=reserved&n=50", &h)

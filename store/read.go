@@ -61,6 +61,9 @@ type ListQuery struct {
 	Asc    bool            // ascending; the default is descending
 	Offset int
 	Limit  int // 0: no limit
+	// GroupRuns lists each run once, as the trace of its rank that peaked
+	// highest (reserved, then allocated), and matches Name on run names too.
+	GroupRuns bool
 }
 
 // ListSorts are the orders of the trace list, by the column they sort.
@@ -69,14 +72,30 @@ var ListSorts = map[string]string{
 	"events": "event_count", "peak": "peak_reserved", "ooms": "oom_count", "duration": "last_us - first_us",
 }
 
+// worstOfRun keeps a trace unless it is a rank of a run with a trace that
+// peaked higher (reserved, then allocated): a run's one row in a grouped
+// list.
+const worstOfRun = `(upload NOT IN (SELECT id FROM uploads WHERE run != '') OR tid = (
+	SELECT t2.tid FROM traces t2 JOIN uploads u2 ON u2.id = t2.upload
+	WHERE u2.run = (SELECT run FROM uploads WHERE id = traces.upload) AND t2.` + hidden + `
+	ORDER BY t2.peak_reserved DESC, t2.peak_allocated DESC, t2.tid LIMIT 1))`
+
 // TraceList returns one page of the traces q picks, in q's order, and how
 // many it picks in all.
 func (db *DB) TraceList(q ListQuery) ([]gpu.Trace, int, error) {
 	where := []string{hidden}
 	var args []any
 	if q.Name != "" {
-		where = append(where, "name LIKE ? ESCAPE '\\'")
-		args = append(args, "%"+strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name)+"%")
+		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name) + "%"
+		if q.GroupRuns {
+			where = append(where, `(name LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE r.name LIKE ?1 ESCAPE '\'))`)
+		} else {
+			where = append(where, "name LIKE ?1 ESCAPE '\\'")
+		}
+		args = append(args, like)
+	}
+	if q.GroupRuns {
+		where = append(where, worstOfRun)
 	}
 	if q.Source != "" {
 		where = append(where, "source = ?")

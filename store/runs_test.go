@@ -128,6 +128,46 @@ func TestRunGroupsRanks(t *testing.T) {
 	}
 }
 
+// A grouped list shows a run once, as its rank that peaked highest, and
+// finds it by the run's name; traces of no run are listed as they are.
+func TestTraceListGroupsRuns(t *testing.T) {
+	db, _ := openTemp(t)
+	run, err := db.CreateRun("pipeline job", 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ranks []gpu.Trace
+	for r, n := range []int{100, 400, 200} {
+		ranks = append(ranks, rankTrace(t, db, run, r, 0, n, uint64(r+1)))
+	}
+	worst := ranks[0]
+	for _, tr := range ranks {
+		if tr.PeakReserved > worst.PeakReserved || tr.PeakReserved == worst.PeakReserved && tr.PeakAllocated > worst.PeakAllocated {
+			worst = tr
+		}
+	}
+	alone := deviceTrace(t, db, "", 0, 50, 9)
+	ids := func(q ListQuery) (out []string, total int) {
+		ts, total, err := db.TraceList(q)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tr := range ts {
+			out = append(out, tr.ID)
+		}
+		return out, total
+	}
+	if got, total := ids(ListQuery{GroupRuns: true}); !reflect.DeepEqual(got, []string{alone.ID, worst.ID}) || total != 2 {
+		t.Errorf("grouped: %v of %d; want %v", got, total, []string{alone.ID, worst.ID})
+	}
+	if got, total := ids(ListQuery{GroupRuns: true, Name: "PIPELINE"}); !reflect.DeepEqual(got, []string{worst.ID}) || total != 1 {
+		t.Errorf("grouped by the run's name: %v of %d", got, total)
+	}
+	if _, total := ids(ListQuery{}); total != 4 {
+		t.Errorf("flat: %d traces, want 4", total)
+	}
+}
+
 func TestJoinRun(t *testing.T) {
 	db, _ := openTemp(t)
 	join := func(name string, rank, world int) gpu.Upload {
