@@ -56,6 +56,10 @@ type Upload struct {
 	// length of device_traces, keys vramscope does not know), as JSON
 	// that package pytorch reads.
 	Top string `json:"-"`
+	// Run is the run this upload is a rank of ("" for none), and Rank
+	// that rank.
+	Run  string `json:"run,omitempty"`
+	Rank int    `json:"rank"`
 }
 
 // Annotation marks a moment of a trace: a PyTorch external_annotations

@@ -11,7 +11,6 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/pytorch"
-	"vramscope/store"
 )
 
 // uploadOf is the upload record of a decoded snapshot.
@@ -39,19 +38,20 @@ func uploadOf(traces []*pytorch.Trace, name string) (gpu.Upload, error) {
 	return u, nil
 }
 
-// RunUpload creates the upload of a recorded run, which its traces (one
-// per device) join through TraceMeta.Upload: its allocator settings as
-// PyTorch writes allocator_settings, and PyTorch's top level.
-func RunUpload(db *store.DB, name, conf string, rules gpu.Rules) (string, error) {
+// RecordedUpload is the upload record of a recorded run or a live
+// stream, which its traces (one per device) join through
+// TraceMeta.Upload: its allocator settings as PyTorch writes
+// allocator_settings, and PyTorch's top level.
+func RecordedUpload(name, conf string, rules gpu.Rules) (gpu.Upload, error) {
 	settings, err := pytorch.MarshalValue(pytorch.SettingsFromRules(conf, rules).Raw)
 	if err != nil {
-		return "", err
+		return gpu.Upload{}, err
 	}
 	top, err := (&pytorch.Snapshot{}).TopJSON()
 	if err != nil {
-		return "", err
+		return gpu.Upload{}, err
 	}
-	return db.CreateUpload(gpu.Upload{Name: name, Settings: settings, Top: top})
+	return gpu.Upload{Name: name, Settings: settings, Top: top}, nil
 }
 
 // formText is a form as the store keeps it: "" for none.

@@ -56,6 +56,22 @@ func Snapshot(db *store.DB, r io.Reader, name string, opt pytorch.Options) ([]st
 // all or nothing: readers see none of it until the last row is written,
 // then all at once; on an error, or when ctx ends, nothing is kept.
 func Store(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name string) ([]string, error) {
+	s, err := stage(ctx, db, traces, name)
+	if err != nil {
+		return nil, err
+	}
+	if err := db.PublishUpload(s.ID, s.Upload, s.Annotations, s.Writers...); err != nil {
+		return nil, s.fail(err)
+	}
+	return s.traceIDs(), nil
+}
+
+// staged is a snapshot written but not shown until it is published.
+type staged store.StagedUpload
+
+// stage writes decoded snapshot traces as Store does, without showing
+// them; on an error nothing is kept.
+func stage(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name string) (*staged, error) {
 	up, err := uploadOf(traces, name)
 	if err != nil {
 		return nil, &InputError{err}
@@ -64,44 +80,52 @@ func Store(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name stri
 	if err != nil {
 		return nil, err
 	}
-	upload := store.NewUploadID()
-	var ws []*store.Writer
-	fail := func(err error) ([]string, error) {
-		for _, w := range ws {
-			w.Abort()
-		}
-		var me *gpu.MismatchError
-		if errors.As(err, &me) || errors.Is(err, store.ErrBadSettings) { // the file's fault, not ours
-			return nil, &InputError{err}
-		}
-		return nil, err
-	}
+	s := &staged{ID: store.NewUploadID(), Upload: up, Annotations: anns}
 	for _, t := range traces {
 		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
-			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: upload, NoTime: !t.HasTime}
+			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: s.ID, NoTime: !t.HasTime}
 		if len(traces) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
 		}
 		w, err := db.ImportTrace(meta, t.Initial)
 		if err != nil {
-			return fail(fmt.Errorf("device %d: %w", t.Device, err))
+			return nil, s.fail(fmt.Errorf("device %d: %w", t.Device, err))
 		}
-		ws = append(ws, w)
+		s.Writers = append(s.Writers, w)
 		if len(t.Dropped) > 0 {
 			w.SetDropped(gpu.Dropped{Count: len(t.Dropped), First: t.Dropped[:min(len(t.Dropped), gpu.MaxDroppedShown)]})
 		}
 		if err := emit(ctx, w, t); err != nil {
-			return fail(fmt.Errorf("device %d: %w", t.Device, err))
+			return nil, s.fail(fmt.Errorf("device %d: %w", t.Device, err))
 		}
 	}
-	if err := db.PublishUpload(upload, up, anns, ws...); err != nil {
-		return fail(err)
+	return s, nil
+}
+
+// fail aborts what was written and returns err, an InputError when the
+// file is at fault.
+func (s *staged) fail(err error) error {
+	s.abort()
+	var me *gpu.MismatchError
+	if errors.As(err, &me) || errors.Is(err, store.ErrBadSettings) { // the file's fault, not ours
+		return &InputError{err}
 	}
+	return err
+}
+
+// abort removes what was written.
+func (s *staged) abort() {
+	for _, w := range s.Writers {
+		w.Abort()
+	}
+}
+
+func (s *staged) traceIDs() []string {
 	var out []string
-	for _, w := range ws {
+	for _, w := range s.Writers {
 		out = append(out, w.ID())
 	}
-	return out, nil
+	return out
 }
 
 // emit writes one device's stacks, events, the extras of its events and

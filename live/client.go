@@ -18,6 +18,8 @@ import (
 // ClientOptions tune Dial; zero fields take the defaults.
 type ClientOptions struct {
 	Meta gpu.TraceMeta
+	// Run, when set, makes the trace a rank of a run on the server.
+	Run *RunJoin
 	// Snapshot, when set, is a PyTorch snapshot in JSON form whose
 	// segments are the state before the first event.
 	Snapshot json.RawMessage
@@ -131,7 +133,7 @@ func (c *Client) connect() (*websocket.Conn, error) {
 	}
 	hi := hello{Type: "hello", Trace: c.trace}
 	if c.trace == "" {
-		hi.Meta, hi.Snapshot = c.opt.Meta, c.opt.Snapshot
+		hi.Meta, hi.Snapshot, hi.Run = c.opt.Meta, c.opt.Snapshot, c.opt.Run
 	}
 	conn.SetWriteDeadline(time.Now().Add(10 * time.Second))
 	conn.SetReadDeadline(time.Now().Add(30 * time.Second))

@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/ingest"
 	"vramscope/pytorch"
 	"vramscope/store"
 )
@@ -159,8 +160,16 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	if err != nil {
 		return gpu.Trace{}, err
 	}
+	if hi.Run != nil {
+		if meta.Upload, err = h.joinRun(hi.Run, &meta, initial); err != nil {
+			return gpu.Trace{}, err
+		}
+	}
 	w, err := h.db.CreateTrace(meta, initial)
 	if err != nil {
+		if meta.Upload != "" {
+			h.db.DeleteUpload(meta.Upload)
+		}
 		return gpu.Trace{}, err
 	}
 	// A new writer numbers distinct stacks 1..n in order, as the
@@ -172,6 +181,26 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	s.t = h.topic(w.ID())
 	s.t.claim(s)
 	return h.db.Trace(w.ID())
+}
+
+// joinRun stores the upload of a live trace that is a rank of a run.
+func (h *Hub) joinRun(run *RunJoin, meta *gpu.TraceMeta, initial *gpu.Layout) (string, error) {
+	if err := run.check(); err != nil {
+		return "", err
+	}
+	rules := gpu.DefaultRules()
+	if initial != nil {
+		rules = initial.Rules
+	}
+	u, err := ingest.RecordedUpload(meta.Name, meta.Settings, rules)
+	if err != nil {
+		return "", err
+	}
+	u.Rank = run.Rank
+	if u, err = h.db.JoinRun(run.Name, run.WorldSize, u); err != nil {
+		return "", err
+	}
+	return u.ID, nil
 }
 
 // initialLayout reads the state before the first event from a PyTorch

@@ -518,3 +518,47 @@ func TestBatchRoundTrip(t *testing.T) {
 		t.Fatal(string(b))
 	}
 }
+
+// A hello's run is checked before anything is stored; a good one makes
+// the trace a rank of the run, through the Go client too.
+func TestHelloRun(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	url := "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest"
+	for _, bad := range []map[string]any{
+		{"name": "", "rank": 0},
+		{"name": "job", "rank": -1},
+		{"name": "job", "rank": 4, "world_size": 4},
+		{"name": strings.Repeat("x", maxRunName+1), "rank": 0},
+	} {
+		conn, _, err := websocket.DefaultDialer.Dial(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.WriteJSON(map[string]any{"type": "hello", "meta": map[string]any{"name": "py"}, "run": bad})
+		var r reply
+		if err := conn.ReadJSON(&r); err != nil || r.Type != "error" || !strings.Contains(r.Error, "hello: run:") {
+			t.Errorf("run %v: %+v %v", bad, r, err)
+		}
+		conn.Close()
+	}
+	if trs, _ := ts.db.Traces(); len(trs) != 0 {
+		t.Fatalf("%d traces stored", len(trs))
+	}
+	w := train(t)
+	c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: gpu.TraceMeta{Name: "rank 3"}, Run: &RunJoin{Name: "job", Rank: 3, WorldSize: 4}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c, w, len(w.events))
+	if err := c.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := ts.db.Trace(c.TraceID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if of, ok, err := ts.db.RunOf(tr.Upload); err != nil || !ok || of.Rank != 3 || of.WorldSize != 4 || of.Name != "job" {
+		t.Errorf("run %+v %v %v", of, ok, err)
+	}
+	checkStored(t, ts.db, c.TraceID(), w)
+}

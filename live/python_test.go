@@ -1,6 +1,7 @@
 package live_test
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -155,5 +156,58 @@ func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {
 	}
 	if trs, _ := db.Traces(); len(trs) != 0 {
 		t.Fatalf("%d traces stored", len(trs))
+	}
+}
+
+// TestPythonWatchRanks streams two ranks of one job through the Python
+// helper: one names its run and rank, the other takes them from the
+// environment torchrun sets; the server groups them as one run.
+func TestPythonWatchRanks(t *testing.T) {
+	py := python(t)
+	snap := filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json")
+	if _, err := os.Stat(snap); err != nil {
+		snap = "/work/shared/testdata/pytorch/oom_nonexpandable.json"
+	}
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	defer srv.Close()
+	helper, _ := filepath.Abs("python")
+	drive := func(run, rank string, env ...string) string {
+		cmd := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, run, rank)
+		cmd.Env = append(os.Environ(), env...)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("driver: %v\n%s", err, out)
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if s, ok := strings.CutPrefix(line, "traces "); ok {
+				return s
+			}
+		}
+		t.Fatalf("no trace in\n%s", out)
+		return ""
+	}
+	a := drive("job", "0")
+	b := drive("-", "-", "VRAMSCOPE_RUN=job", "RANK=1", "WORLD_SIZE=2")
+	var runs []string
+	for i, id := range []string{a, b} {
+		tr, err := db.Trace(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		of, ok, err := db.RunOf(tr.Upload)
+		if err != nil || !ok || of.Name != "job" || of.Rank != i {
+			t.Fatalf("trace %s: run %+v, %v, %v", id, of, ok, err)
+		}
+		if !strings.Contains(tr.Name, fmt.Sprintf("rank %d", i)) || tr.Events == 0 || tr.Status != gpu.StatusComplete {
+			t.Errorf("trace %+v", tr)
+		}
+		runs = append(runs, of.ID)
+	}
+	if runs[0] != runs[1] {
+		t.Fatalf("the ranks are in runs %v", runs)
+	}
+	if r, _ := db.Run(runs[0]); r.WorldSize != 2 || len(r.Ranks) != 2 {
+		t.Errorf("run %+v", r)
 	}
 }

@@ -7,11 +7,13 @@
 // Ingest (GET /ws/ingest, a websocket; "Authorization: Bearer TOKEN" when the
 // server has a token). The client's first message is a text hello:
 //
-//	{"type":"hello","trace":"","meta":{...gpu.TraceMeta},"snapshot":{...}}
+//	{"type":"hello","trace":"","meta":{...gpu.TraceMeta},"snapshot":{...},
+//	 "run":{"name":"job-42","rank":3,"world_size":8}}
 //
 // An empty trace starts a new live trace (meta names it; snapshot, optional,
 // is a PyTorch snapshot in JSON form whose segments are the state before the
-// first event); a trace id resumes that trace after a dropped connection.
+// first event; run, optional, makes it a rank of a run, see RunJoin); a
+// trace id resumes that trace after a dropped connection.
 // The server answers {"type":"ready","trace":ID,"seq":S,"url":"/traces/ID"}:
 // S is the last stored sequence number (-1 for none) and the client sends
 // the events after it. Events then come as text messages
@@ -64,6 +66,33 @@ type hello struct {
 	Trace    string          `json:"trace,omitempty"`
 	Meta     gpu.TraceMeta   `json:"meta"`
 	Snapshot json.RawMessage `json:"snapshot,omitempty"`
+	Run      *RunJoin        `json:"run,omitempty"`
+}
+
+// RunJoin, in a hello that starts a trace, makes the trace rank Rank of
+// the newest run named Name that has no such rank yet (a new run when
+// none has): the ranks of one job each stream to the same run.
+type RunJoin struct {
+	Name      string `json:"name"`
+	Rank      int    `json:"rank"`
+	WorldSize int    `json:"world_size,omitempty"` // 0: unknown
+}
+
+// maxRank and maxRunName bound what a hello may say of its run.
+const maxRank, maxRunName = 1 << 20, 200
+
+func (r *RunJoin) check() error {
+	switch {
+	case r.Name == "" || len(r.Name) > maxRunName:
+		return fmt.Errorf("hello: run: a name of 1 to %d bytes is needed, not %d", maxRunName, len(r.Name))
+	case r.Rank < 0 || r.Rank >= maxRank:
+		return fmt.Errorf("hello: run: rank %d is not in [0, %d)", r.Rank, maxRank)
+	case r.WorldSize < 0 || r.WorldSize > maxRank:
+		return fmt.Errorf("hello: run: world size %d is not in [0, %d]", r.WorldSize, maxRank)
+	case r.WorldSize > 0 && r.Rank >= r.WorldSize:
+		return fmt.Errorf("hello: run: rank %d of a world of %d", r.Rank, r.WorldSize)
+	}
+	return nil
 }
 
 // reply is every message the server sends an ingest client.

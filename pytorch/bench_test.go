@@ -4,33 +4,17 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime/debug"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"vramscope/internal/testkit"
 )
 
-// synthetic returns a ~100 MB synthetic snapshot, made once with python3
-// (testdata/gen_synthetic.py) and kept in the temp dir, never committed.
-func synthetic(b *testing.B) string {
-	path := filepath.Join(os.TempDir(), "vramscope-synthetic-450k.pickle")
-	if _, err := os.Stat(path); err == nil {
-		return path
-	}
-	if _, err := exec.LookPath("python3"); err != nil {
-		b.Skip("python3 is needed to make the synthetic snapshot")
-	}
-	out, err := exec.Command("python3", "testdata/gen_synthetic.py", path+".tmp", "450000").CombinedOutput()
-	if err != nil {
-		b.Fatalf("gen_synthetic.py: %v\n%s", err, out)
-	}
-	if err := os.Rename(path+".tmp", path); err != nil {
-		b.Fatal(err)
-	}
-	return path
-}
+// synthetic is the ~100 MB synthetic snapshot (450k trace entries).
+func synthetic(b *testing.B) string { return testkit.SyntheticSnapshot(b, 450_000) }
 
 func fileSize(b *testing.B, path string) int64 {
 	st, err := os.Stat(path)

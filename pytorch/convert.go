@@ -270,7 +270,7 @@ func (c *converter) build(root Value) ([]*Trace, error) {
 		}
 		if dev < len(lists) && lists[dev] != nil {
 			el := lists[dev]
-			t.Events, t.ExtraOf = el.events, el.extra
+			t.Events, t.ExtraOf = el.all(), el.extra
 			t.HasTime = el.timed > 0
 			c.fixTimes(t, el)
 		}

@@ -387,3 +387,29 @@ func TestProtocol0Text(t *testing.T) {
 		}
 	}
 }
+
+// An event list keeps millions of events in order, its first chunks
+// small, and gathers them into one slice.
+func TestEventListChunks(t *testing.T) {
+	var el eventList
+	const n = 3 * eventChunk * 25
+	room := 0
+	for i := range n {
+		room += el.add(gpu.Event{Seq: int64(i)})
+	}
+	if room >= n+eventChunk || cap(el.chunks[0]) != 64 {
+		t.Fatalf("room for %d events in %d chunks, the first of %d", room, len(el.chunks), cap(el.chunks[0]))
+	}
+	all := el.all()
+	if len(all) != n || el.n != n {
+		t.Fatalf("%d events gathered of %d", len(all), n)
+	}
+	for i, e := range all {
+		if e.Seq != int64(i) {
+			t.Fatalf("event %d has seq %d", i, e.Seq)
+		}
+	}
+	if again := el.all(); &again[0] != &all[0] {
+		t.Error("a second all() gathered again")
+	}
+}

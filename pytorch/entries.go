@@ -66,11 +66,47 @@ const (
 
 // eventList is a list of trace entries, kept as events from the start.
 type eventList struct {
-	events []gpu.Event
+	// the events in chunks of eventChunk, gathered into one slice by all:
+	// a slice grown event by event would be copied over and over
+	chunks [][]gpu.Event
+	n      int
 	extra  []uint32 // 1+index into the decoder's extras; nil until an entry has extras
 	timed  int      // entries with time_us
 	bad    string   // the first malformed entry's problem
 	badAt  int
+}
+
+// eventChunk bounds a chunk of events: the first are small, so a short
+// trace costs little, each twice the one before.
+const eventChunk = 1 << 15
+
+// add appends e and returns how many events' room it allocated.
+func (el *eventList) add(e gpu.Event) (grew int) {
+	if k := len(el.chunks); k == 0 || len(el.chunks[k-1]) == cap(el.chunks[k-1]) {
+		n := eventChunk
+		if k < 10 {
+			n = min(64<<k, eventChunk)
+		}
+		el.chunks = append(el.chunks, make([]gpu.Event, 0, n))
+		grew = n
+	}
+	c := &el.chunks[len(el.chunks)-1]
+	*c = append(*c, e)
+	el.n++
+	return grew
+}
+
+// all gathers the events into one slice (once; the chunks go).
+func (el *eventList) all() []gpu.Event {
+	if len(el.chunks) == 1 {
+		return el.chunks[0]
+	}
+	out := make([]gpu.Event, 0, el.n)
+	for _, c := range el.chunks {
+		out = append(out, c...)
+	}
+	el.chunks = [][]gpu.Event{out}
+	return out
 }
 
 // EventExtra holds what a trace entry says beyond gpu.Event. Events share
@@ -104,6 +140,11 @@ func (d *decoder) setItems(dict Value, kv []Value) error {
 		return fmt.Errorf("setting items on a dict already read as a %s", o.conv.kind)
 	}
 	old := cap(o.items)
+	if old == 0 {
+		o.items = d.pool.get(len(kv))
+	} else {
+		o.items = slices.Grow(o.items, len(kv)) // one allocation, not one per doubling
+	}
 	for i := 0; i < len(kv); i += 2 {
 		k, v := kv[i], kv[i+1]
 		if d.snap && k.kind == kStr && k.bits == sFrames && v.kind == kList {
@@ -130,13 +171,16 @@ func (d *decoder) appendItems(list Value, items []Value) error {
 	}
 	if o.events == nil {
 		old := cap(o.items)
+		if old == 0 {
+			o.items = d.pool.get(len(items))
+		}
 		o.items = append(o.items, items...)
 		d.grew(old, cap(o.items), valueSize)
 		return nil
 	}
 	for _, it := range items {
 		if !isEntry(it) {
-			return fmt.Errorf("a list of trace entries holds a %s (entry %d)", it.kind, len(o.events.events))
+			return fmt.Errorf("a list of trace entries holds a %s (entry %d)", it.kind, o.events.n)
 		}
 		d.addEvent(o.events, it.obj)
 	}
@@ -159,7 +203,7 @@ func isEntry(v Value) bool {
 
 // addEvent turns a trace entry dict into an event and drops the dict.
 func (d *decoder) addEvent(el *eventList, o *object) {
-	e := gpu.Event{Seq: int64(len(el.events)), TimeUS: -1}
+	e := gpu.Event{Seq: int64(el.n), TimeUS: -1}
 	var ex extraKey
 	var other Dict
 	var toks []otherTok
@@ -267,7 +311,7 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 		bad = `missing key "addr"`
 	}
 	if bad != "" && el.bad == "" {
-		el.bad, el.badAt = bad, len(el.events)
+		el.bad, el.badAt = bad, el.n
 	}
 	if other != nil {
 		ex.other = otherKey(toks)
@@ -309,21 +353,30 @@ func (d *decoder) addEvent(el *eventList, o *object) {
 			d.charge(int(unsafe.Sizeof(x)) + 2*mapEntry + len(ex.other))
 		}
 		if el.extra == nil {
-			el.extra = make([]uint32, len(el.events), cap(el.events))
+			el.extra = make([]uint32, el.n, el.n+64)
 			d.charge(4 * cap(el.extra))
 		}
 		old := cap(el.extra)
-		el.extra = append(el.extra, idx)
+		el.extra = append(roomForOne(el.extra), idx)
 		d.grew(old, cap(el.extra), 4)
 	} else if el.extra != nil {
 		old := cap(el.extra)
-		el.extra = append(el.extra, 0)
+		el.extra = append(roomForOne(el.extra), 0)
 		d.grew(old, cap(el.extra), 4)
 	}
-	old := cap(el.events)
-	el.events = append(el.events, e)
-	d.grew(old, cap(el.events), eventSize)
+	d.charge(el.add(e) * eventSize)
 	d.replaceMemo(o, Value{kind: kConsumed})
+}
+
+// roomForOne returns s with room for one more element, doubling its
+// capacity when it is full: append grows a big slice by a quarter at a
+// time, and copying millions of events over and over costs more than
+// decoding them.
+func roomForOne[T any](s []T) []T {
+	if len(s) < cap(s) {
+		return s
+	}
+	return slices.Grow(s, max(len(s), 64))
 }
 
 // usualOrder says whether an entry's keys (string ids, 4 bytes each) are
@@ -631,14 +684,15 @@ func (d *decoder) internForm(keys []string, other Dict) *Form {
 
 // eventsAny turns an event list back into trace entry dicts.
 func (d *decoder) eventsAny(el *eventList) (any, error) {
-	out := make([]any, len(el.events))
+	events := el.all()
+	out := make([]any, len(events))
 	stack := func(id gpu.StackID) gpu.Stack {
 		if id == 0 {
 			return nil
 		}
 		return d.stacks[id-1]
 	}
-	for i := range el.events {
+	for i := range events {
 		if d.charge(8 * mapEntry); d.over != nil {
 			return nil, errTooLarge
 		}
@@ -646,7 +700,7 @@ func (d *decoder) eventsAny(el *eventList) (any, error) {
 		if el.extra != nil && el.extra[i] > 0 {
 			x = &d.extras[el.extra[i]-1]
 		}
-		e := &el.events[i]
+		e := &events[i]
 		keys := entryKeysOf(e, x)
 		m := make(Dict, len(keys))
 		for j, k := range keys {

@@ -54,6 +54,13 @@ func (e *LimitError) Error() string {
 	return fmt.Sprintf("byte offset %d: %s", e.Offset, e.Msg)
 }
 
+// LimitReader reads r within opt's bounds, as a decode reads its
+// decompressed input: a *LimitError past opt.MaxBytes, the context's
+// cause once it is done. An archive of snapshots is read through one.
+func LimitReader(r io.Reader, opt Options) io.Reader {
+	return &limitReader{r: r, ctx: opt.Context, max: opt.MaxBytes}
+}
+
 // limitReader counts the bytes read after decompression, refuses those
 // past max and stops when ctx is done.
 type limitReader struct {

@@ -21,6 +21,7 @@ import (
 	"io"
 	"math"
 	"math/big"
+	"math/bits"
 	"slices"
 	"strconv"
 	"strings"
@@ -137,6 +138,7 @@ type decoder struct {
 
 	strs   []string
 	strIdx map[string]uint32
+	pool   itemsPool
 
 	// snapshot mode: intern frames lists, turn trace entries into events.
 	snap      bool
@@ -258,7 +260,9 @@ func (d *decoder) memoPut(idx uint64, v Value) {
 		d.memo[idx] = v
 	case idx < n+maxMemoGap && idx < uint64(d.read())+memoSlack:
 		old := cap(d.memo)
-		d.memo = slices.Grow(d.memo, int(idx+1-n))
+		if uint64(old) <= idx { // double, as roomForOne does
+			d.memo = slices.Grow(d.memo, max(int(idx+1-n), len(d.memo)))
+		}
 		d.grew(old, cap(d.memo), valueSize)
 		d.memo = d.memo[:idx+1]
 		clear(d.memo[n:idx])
@@ -294,16 +298,56 @@ func (d *decoder) memoGet(idx uint64) (Value, bool) {
 func (d *decoder) replaceMemo(o *object, with Value) {
 	o.conv = with
 	d.credit(cap(o.items) * valueSize)
+	d.pool.put(o.items)
 	o.items = nil
 	if o.memo >= 0 && o.memo < len(d.memo) && d.memo[o.memo].obj == o {
 		d.memo[o.memo] = with
 	}
 }
 
+// itemsPool keeps the items of the dicts and lists the decoder consumed
+// (trace entries, frames lists, frame dicts: millions in a big file, each
+// dropped as soon as it is read) for the next ones, by capacity class, so
+// they cost neither an allocation nor garbage to collect. An array is
+// only ever held by its one object, so once that object is consumed it is
+// free.
+type itemsPool [maxPooled + 1][][]Value
+
+// maxPooled is the largest class kept (2^maxPooled values); poolBytes
+// bounds what each class keeps, room for a pickle batch (1000) of trace
+// entries waiting for their APPENDS.
+const maxPooled, poolBytes = 12, 2 << 20
+
+// get returns an empty slice with room for n values.
+func (p *itemsPool) get(n int) []Value {
+	c := bits.Len(uint(max(n, 1) - 1)) // the smallest c with 1<<c >= n
+	if c > maxPooled {
+		return make([]Value, 0, n)
+	}
+	if l := p[c]; len(l) > 0 {
+		p[c] = l[:len(l)-1]
+		return l[len(l)-1]
+	}
+	return make([]Value, 0, 1<<c)
+}
+
+// put takes back the array of s, cleared, for a later get.
+func (p *itemsPool) put(s []Value) {
+	c := bits.Len(uint(cap(s))) - 1 // the largest c with 1<<c <= cap
+	if c < 0 || c > maxPooled || len(p[c])<<c*valueSize >= poolBytes {
+		return
+	}
+	clear(s)
+	p[c] = append(p[c], s[:0])
+}
+
 // unpickle runs the machine to STOP and returns the top value.
 func (d *decoder) unpickle() (Value, error) {
 	in := &d.in
 	for {
+		if d.fast() {
+			continue
+		}
 		at := in.offset()
 		var op byte
 		if in.pos < len(in.buf) {
@@ -338,6 +382,56 @@ func (d *decoder) unpickle() (Value, error) {
 }
 
 var errStop = errors.New("stop")
+
+// fast runs the next opcode when it is one of the few that make up most
+// of a snapshot (memo references in frames lists, MEMOIZE, MARK), its
+// argument is in the buffer and nothing can go wrong: no error, no growth
+// to charge. Otherwise it leaves the opcode to step.
+func (d *decoder) fast() bool {
+	in := &d.in
+	b := in.buf[in.pos:]
+	if len(b) < 5 {
+		return false
+	}
+	var idx uint64
+	n := 2
+	switch b[0] {
+	case opBinGet:
+		idx = uint64(b[1])
+	case opLongBinGet:
+		idx, n = uint64(binary.LittleEndian.Uint32(b[1:])), 5
+	case opMemoize:
+		if len(d.stack) == 0 || len(d.memo) == cap(d.memo) {
+			return false
+		}
+		v := d.stack[len(d.stack)-1]
+		if v.obj != nil {
+			v.obj.memo = len(d.memo)
+		}
+		d.memo = append(d.memo, v)
+		in.pos++
+		return true
+	case opMark:
+		if len(d.marks) >= maxDepth || len(d.marks) == cap(d.marks) {
+			return false
+		}
+		d.marks = append(d.marks, len(d.stack))
+		in.pos++
+		return true
+	default:
+		return false
+	}
+	if idx >= uint64(len(d.memo)) || len(d.stack) == cap(d.stack) {
+		return false
+	}
+	v := resolve(d.memo[idx])
+	if v.kind == kEmpty || v.kind == kConsumed {
+		return false
+	}
+	d.stack = append(d.stack, v)
+	in.pos += n
+	return true
+}
 
 // truncated reports a read that failed: the input ended, or the reader
 // failed (a size limit, a client gone, a time budget), which is wrapped.

@@ -59,14 +59,18 @@ func listQuery(p *params) store.ListQuery {
 // apiDeleteTrace removes a trace: 409 while it is being written, 507 when
 // even the reserve left no room to delete on a full disk.
 func (s *Server) apiDeleteTrace(w http.ResponseWriter, r *http.Request) {
-	err := s.opt.DB.DeleteTrace(chi.URLParam(r, "id"))
+	s.deleted(w, r, s.opt.DB.DeleteTrace(chi.URLParam(r, "id")))
+}
+
+// deleted answers a delete that returned err.
+func (s *Server) deleted(w http.ResponseWriter, r *http.Request, err error) {
 	switch {
 	case err == nil:
 		w.WriteHeader(http.StatusNoContent)
 	case errors.Is(err, store.ErrBusy):
 		writeError(w, http.StatusConflict, "%v", err)
 	case errors.Is(err, store.ErrDiskFull):
-		writeError(w, http.StatusInsufficientStorage, "deleting: %v; the trace is hidden and its rows go when the server next starts with some room", err)
+		writeError(w, http.StatusInsufficientStorage, "deleting: %v; what is deleted is hidden and its rows go when the server next starts with some room", err)
 	default:
 		s.storeError(w, r, err)
 	}

@@ -27,7 +27,7 @@ func render(w http.ResponseWriter, r *http.Request, status int, c templ.Componen
 const listPer = 50
 
 // pageList is the trace list, a page at a time (?page=N), sorted and
-// filtered as apiTraces is.
+// filtered as apiTraces is, each run one row.
 func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	q := listQuery(p)
@@ -36,14 +36,39 @@ func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
 		render(w, r, http.StatusBadRequest, web.NotFound(page("Bad request"), p.err.Error()))
 		return
 	}
-	q.Limit, q.Offset = listPer, (n-1)*listPer
+	q.Limit, q.Offset, q.GroupRuns = listPer, (n-1)*listPer, true
 	ts, total, err := s.opt.DB.TraceList(q)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
 	}
-	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Total: total, Page: n, Per: listPer,
+	runs, err := s.runRows(ts)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Runs: runs, Total: total, Page: n, Per: listPer,
 		Name: q.Name, Source: string(q.Source), Status: string(q.Status), Sort: q.Sort, Asc: q.Asc}))
+}
+
+// runRows sums up the runs of the traces listed, by the trace listed.
+func (s *Server) runRows(ts []gpu.Trace) (map[string]web.RunRow, error) {
+	rows := map[string]web.RunRow{}
+	for _, t := range ts {
+		of, ok, err := s.opt.DB.RunOf(t.Upload)
+		if err != nil {
+			return nil, err
+		}
+		if !ok {
+			continue
+		}
+		run, err := s.opt.DB.Run(of.ID)
+		if err != nil {
+			return nil, err
+		}
+		rows[t.ID] = web.NewRunRow(run, t)
+	}
+	return rows, nil
 }
 
 // pageTrace is the trace view: a frame that view.js fills from the API.

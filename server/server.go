@@ -113,6 +113,12 @@ func New(opt Options) *Server {
 		r.Get("/", s.pageList)
 		r.Get("/traces/{id}", s.pageTrace)
 		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
+		r.Get("/runs/{id}", s.pageRun)
+		r.Route("/api/runs/{id}", func(r chi.Router) {
+			r.Get("/", s.apiRun)
+			r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteRun)
+			r.Get("/heatmap", s.apiRunHeatmap)
+		})
 		r.Get("/p/{token}", s.pagePermalink)
 		r.With(guard.RequireToken(opt.Token), httprate.LimitBy(permalinkRate, permalinkWindow, clientIP,
 			httprate.WithLimitHandler(func(w http.ResponseWriter, _ *http.Request) {

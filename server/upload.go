@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -48,13 +49,21 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	body := guard.ReadAhead(ctx, http.MaxBytesReader(w, r.Body, s.opt.MaxUploadBytes))
 	defer body.Stop(http.NewResponseController(w))
-	name := r.URL.Query().Get("name")
+	q := r.URL.Query()
+	name := q.Get("name")
 	if name == "" {
 		name = r.Header.Get("X-Filename")
 	}
+	opt := pytorch.Options{Context: ctx, MaxBytes: s.opt.MaxDecompressedBytes}
+	run := q.Get("run")
 	var in io.Reader = body
 	if mt, mp, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && strings.HasPrefix(mt, "multipart/") {
-		part, err := firstFile(multipart.NewReader(body, mp["boundary"]))
+		mr := multipart.NewReader(body, mp["boundary"])
+		if run != "" {
+			s.uploadRun(w, r, ctx, run, &formSource{mr: mr}, opt)
+			return
+		}
+		part, err := firstFile(mr)
 		if err != nil {
 			s.uploadError(w, r, ctx, err)
 			return
@@ -63,12 +72,27 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 			name = part.FileName()
 		}
 		in = part
+	} else {
+		br := bufio.NewReaderSize(body, 64<<10)
+		isTar, err := ingest.IsTar(br)
+		switch {
+		case err != nil:
+			s.uploadError(w, r, ctx, err)
+			return
+		case isTar:
+			if run == "" {
+				run = strings.TrimSuffix(strings.TrimSuffix(cleanName(name, "run"), ".gz"), ".tar")
+			}
+			s.uploadRun(w, r, ctx, run, ingest.Tar(br, opt), opt)
+			return
+		case run != "":
+			s.uploadRun(w, r, ctx, run, ingest.One(cleanName(name, "snapshot"), br), opt)
+			return
+		}
+		in = br
 	}
-	name = path.Base(strings.ReplaceAll(name, `\`, "/"))
-	if name == "." || name == "/" {
-		name = "snapshot"
-	}
-	ids, err := ingest.Snapshot(s.opt.DB, in, name, pytorch.Options{Context: ctx, MaxBytes: s.opt.MaxDecompressedBytes})
+	name = cleanName(name, "snapshot")
+	ids, err := ingest.Snapshot(s.opt.DB, in, name, opt)
 	if err != nil {
 		s.uploadError(w, r, ctx, err)
 		return
@@ -97,16 +121,97 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, out)
 }
 
+// cleanName is an uploaded file's name without its folders, or def.
+func cleanName(name, def string) string {
+	name = path.Base(strings.ReplaceAll(name, `\`, "/"))
+	if name == "." || name == "/" || name == "" {
+		return def
+	}
+	return name
+}
+
+// runUploadJSON answers the upload of a run.
+type runUploadJSON struct {
+	Run    string      `json:"run"`
+	URL    string      `json:"url"`
+	Ranks  []rankJSON  `json:"ranks"`
+	Traces []gpu.Trace `json:"traces"`
+}
+
+type rankJSON struct {
+	Rank   int      `json:"rank"`
+	File   string   `json:"file"`
+	Traces []string `json:"traces"`
+}
+
+// uploadRun stores the files of src as the ranks of a new run named name
+// (?ranks=0,1,... gives their ranks in order) and answers with the run.
+func (s *Server) uploadRun(w http.ResponseWriter, r *http.Request, ctx context.Context, name string, src ingest.RunSource, opt pytorch.Options) {
+	if list := r.URL.Query().Get("ranks"); list != "" {
+		ranks, err := ingest.ParseRanks(list)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "ranks: %v", err)
+			return
+		}
+		src = ingest.WithRanks(src, ranks)
+	}
+	run, ranks, err := ingest.Run(ctx, s.opt.DB, name, src, opt)
+	if err != nil {
+		s.uploadError(w, r, ctx, err)
+		return
+	}
+	guard.ExtendWrite(w, s.opt.Timeouts.Write)
+	out := runUploadJSON{Run: run, URL: "/runs/" + run, Ranks: []rankJSON{}, Traces: []gpu.Trace{}}
+	for _, rk := range ranks {
+		out.Ranks = append(out.Ranks, rankJSON{rk.Rank, rk.Name, rk.Traces})
+		for _, id := range rk.Traces {
+			t, err := s.opt.DB.Trace(id)
+			if err != nil {
+				s.storeError(w, r, err)
+				return
+			}
+			out.Traces = append(out.Traces, t)
+		}
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// formSource is a RunSource of the files of a multipart form, in order.
+// A file's name is the one the form gives, folders and all (a browser
+// sends a folder's files as rank3/snapshot.pickle): it only ever names a
+// rank and a trace, never a path here.
+type formSource struct{ mr *multipart.Reader }
+
+func (f *formSource) Concurrent() bool { return false }
+
+func (f *formSource) Next() (ingest.RunFile, error) {
+	p, err := firstFile(f.mr)
+	if err != nil {
+		var ie *ingest.InputError
+		if errors.As(err, &ie) && ie.Err == errNoFile {
+			return ingest.RunFile{}, io.EOF
+		}
+		return ingest.RunFile{}, err
+	}
+	name := p.FileName()
+	if _, params, err := mime.ParseMediaType(p.Header.Get("Content-Disposition")); err == nil && params["filename"] != "" {
+		name = params["filename"]
+	}
+	return ingest.RunFile{Name: name, R: p, Rank: -1}, nil
+}
+
 // minFreeSpace: below this, uploads are refused at once.
 const minFreeSpace = 64 << 20
 
-// firstFile returns the first file of a form; a form that does not parse
+var errNoFile = errors.New("the form holds no file")
+
+// firstFile returns the next file of a form; a form that does not parse
 // is the client's mistake.
 func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 	for {
 		p, err := mr.NextPart()
 		if err == io.EOF {
-			return nil, &ingest.InputError{Err: errors.New("the form holds no file")}
+			return nil, &ingest.InputError{Err: errNoFile}
 		}
 		var mbe *http.MaxBytesError
 		var slow *guard.SlowBodyError

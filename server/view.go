@@ -25,6 +25,8 @@ type deviceJSON struct {
 type traceJSON struct {
 	gpu.Trace
 	Devices []deviceJSON `json:"devices"`
+	// Run is the run the trace's upload is a rank of, when it is one.
+	Run *gpu.RunOf `json:"run,omitempty"`
 }
 
 // devices lists the devices of t's upload (t alone when it has none).
@@ -54,7 +56,14 @@ func (s *Server) apiTrace(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, traceJSON{t, devs})
+	out := traceJSON{Trace: t, Devices: devs}
+	if of, ok, err := s.opt.DB.RunOf(t.Upload); err != nil {
+		s.storeError(w, r, err)
+		return
+	} else if ok {
+		out.Run = &of
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 // apiExtras is what the snapshot recorded beside its events: allocator

@@ -116,6 +116,23 @@ export class LatestFetch {
   }
 }
 
+// A server that listens beyond loopback needs its token for writes: asked
+// for once on a 401, kept for the tab's session.
+const TOKEN_KEY = "vramscope-token";
+
+/** The Authorization header of a write, when a token was given. */
+export function authHeader() {
+  const t = sessionStorage.getItem(TOKEN_KEY);
+  return t ? { Authorization: "Bearer " + t } : {};
+}
+
+/** Ask for the token; whether one was given. */
+export function askToken() {
+  const t = prompt("This vramscope server needs its token (printed when it started) for uploads and deletes:");
+  if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
+  return !!t;
+}
+
 const THEME_KEY = "vramscope-theme";
 
 /** The theme in force: the saved choice, else the system's. */

@@ -1,11 +1,13 @@
-// The trace list: upload by drag-and-drop or file picker with a progress
-// bar, and delete with a second click to confirm.
-import { initTheme } from "./common.js";
+// The trace list: upload by drag-and-drop or file and folder pickers with
+// a progress bar (several files make a run), and delete with a second
+// click to confirm.
+import { initTheme, authHeader, askToken } from "./common.js";
 
 initTheme();
 
 const drop = document.getElementById("drop");
 const file = document.getElementById("file");
+const folder = document.getElementById("folder");
 const progress = document.getElementById("progress");
 const status = document.getElementById("upload-status");
 
@@ -15,56 +17,110 @@ function setStatus(text, isError) {
   status.classList.toggle("error", !!isError);
 }
 
-// A server that listens beyond loopback needs its token for writes: asked
-// for once on a 401, kept for the tab's session.
-const TOKEN_KEY = "vramscope-token";
-function authHeader() {
-  const t = sessionStorage.getItem(TOKEN_KEY);
-  return t ? { Authorization: "Bearer " + t } : {};
-}
-function askToken() {
-  const t = prompt("This vramscope server needs its token (printed when it started) for uploads and deletes:");
-  if (t) sessionStorage.setItem(TOKEN_KEY, t.trim());
-  return !!t;
-}
-
-/** Upload one file to POST /api/traces; on success open its trace. */
-function upload(f) {
+/**
+ * Upload to POST /api/traces with a progress bar and open what it made:
+ * one file as a snapshot, several (or a folder) as the ranks of one run
+ * named run, a multipart form of them.
+ */
+function upload(files, run) {
   const xhr = new XMLHttpRequest();
-  xhr.open("POST", "/api/traces?name=" + encodeURIComponent(f.name));
-  xhr.setRequestHeader("Content-Type", "application/octet-stream");
+  const one = files.length === 1 && !run;
+  const what = one ? files[0].name : `${files.length} files as run ${run}`;
+  let body;
+  if (one) {
+    xhr.open("POST", "/api/traces?name=" + encodeURIComponent(files[0].name));
+    xhr.setRequestHeader("Content-Type", "application/octet-stream");
+    body = files[0];
+  } else {
+    xhr.open("POST", "/api/traces?run=" + encodeURIComponent(run));
+    body = new FormData();
+    // The names keep their folders (rank3/snapshot.pickle): the server
+    // reads ranks from them.
+    for (const f of files) body.append("file", f, f.relPath || f.webkitRelativePath || f.name);
+  }
   for (const [k, v] of Object.entries(authHeader())) xhr.setRequestHeader(k, v);
   progress.hidden = false;
   progress.value = 0;
-  setStatus("Uploading " + f.name + "…");
+  setStatus("Uploading " + what + "…");
   xhr.upload.addEventListener("progress", (e) => {
     if (e.lengthComputable) progress.value = (100 * e.loaded) / e.total;
   });
-  xhr.upload.addEventListener("load", () => { progress.value = 100; setStatus("Reading " + f.name + " on the server…"); });
+  xhr.upload.addEventListener("load", () => { progress.value = 100; setStatus("Reading " + what + " on the server…"); });
   xhr.addEventListener("load", () => {
-    let body = null;
-    try { body = JSON.parse(xhr.responseText); } catch { /* not JSON */ }
-    if (xhr.status === 201 && body && body.url) {
-      setStatus("Stored " + body.traces.length + " trace(s). Opening…");
-      location.assign(body.url);
+    let res = null;
+    try { res = JSON.parse(xhr.responseText); } catch { /* not JSON */ }
+    if (xhr.status === 201 && res && res.url) {
+      setStatus("Stored " + res.traces.length + " trace(s). Opening…");
+      location.assign(res.url);
       return;
     }
     progress.hidden = true;
-    if (xhr.status === 401 && askToken()) { upload(f); return; }
-    const msg = body && body.error ? body.error : xhr.status + " " + xhr.statusText;
+    if (xhr.status === 401 && askToken()) { upload(files, run); return; }
+    const msg = res && res.error ? res.error : xhr.status + " " + xhr.statusText;
     setStatus("Upload refused: " + msg, true);
   });
   xhr.addEventListener("error", () => { progress.hidden = true; setStatus("Upload failed: the connection broke.", true); });
-  xhr.send(f);
+  xhr.send(body);
 }
 
-file?.addEventListener("change", () => { if (file.files.length) upload(file.files[0]); });
+/**
+ * runName names a run of files: their folder's name, else what their
+ * names share before a rank marker (job_rank0.pickle, job_rank1.pickle →
+ * job), else "run".
+ */
+export function runName(files) {
+  const path = files[0].relPath || files[0].webkitRelativePath || "";
+  if (path.includes("/")) return path.split("/")[0];
+  const names = files.map((f) => f.name);
+  let common = names[0];
+  for (const n of names) while (!n.startsWith(common)) common = common.slice(0, -1);
+  common = common.replace(/([-_.]+(rank|r)?|rank)[-_.]*\d*$/i, "");
+  return common || "run";
+}
+
+/** uploadMany uploads one file as a snapshot, several as a run. */
+function uploadMany(files, fromFolder) {
+  const list = [...files].filter((f) => !f.name.startsWith("."));
+  if (list.length === 0) { setStatus("No files to upload.", true); return; }
+  upload(list, list.length > 1 || fromFolder ? runName(list) : "");
+}
+
+/** filesOf reads what was dropped, folders walked, each file with its path. */
+async function filesOf(dt) {
+  const entries = [...dt.items].map((it) => it.webkitGetAsEntry && it.webkitGetAsEntry()).filter(Boolean);
+  if (entries.length === 0 || !entries.some((e) => e.isDirectory)) return { files: [...dt.files], folder: false };
+  const out = [];
+  const walk = async (e) => {
+    if (e.isFile) {
+      const f = await new Promise((ok, fail) => e.file(ok, fail));
+      f.relPath = e.fullPath.replace(/^\//, "");
+      out.push(f);
+      return;
+    }
+    const reader = e.createReader();
+    for (;;) {
+      const batch = await new Promise((ok, fail) => reader.readEntries(ok, fail));
+      if (batch.length === 0) break;
+      for (const c of batch) await walk(c);
+    }
+  };
+  for (const e of entries) await walk(e);
+  return { files: out, folder: true };
+}
+
+file?.addEventListener("change", () => { if (file.files.length) uploadMany(file.files, false); });
+folder?.addEventListener("change", () => { if (folder.files.length) uploadMany(folder.files, true); });
 drop?.addEventListener("dragover", (e) => { e.preventDefault(); drop.classList.add("over"); });
 drop?.addEventListener("dragleave", () => drop.classList.remove("over"));
-drop?.addEventListener("drop", (e) => {
+drop?.addEventListener("drop", async (e) => {
   e.preventDefault();
   drop.classList.remove("over");
-  if (e.dataTransfer.files.length) upload(e.dataTransfer.files[0]);
+  try {
+    const { files, folder } = await filesOf(e.dataTransfer);
+    uploadMany(files, folder);
+  } catch (err) {
+    setStatus("Could not read what was dropped: " + err, true);
+  }
 });
 drop?.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); file.click(); } });
 
@@ -78,7 +134,8 @@ for (const btn of document.querySelectorAll("button.delete")) {
       return;
     }
     btn.disabled = true;
-    const del = () => fetch("/api/traces/" + encodeURIComponent(btn.dataset.id), { method: "DELETE", headers: authHeader() });
+    const url = btn.dataset.run ? "/api/runs/" + encodeURIComponent(btn.dataset.run) : "/api/traces/" + encodeURIComponent(btn.dataset.id);
+    const del = () => fetch(url, { method: "DELETE", headers: authHeader() });
     let res = await del();
     if (res.status === 401 && askToken()) res = await del();
     if (res.ok) {

@@ -188,8 +188,12 @@ async function selectionPanel(signal) {
 async function showDevices() {
   const t = await api(`/api/traces/${view.id}`);
   const nav = document.getElementById("devices");
-  if (!t.devices || t.devices.length < 2) return;
-  nav.replaceChildren(el("span", { class: "dim" }, "Device:"));
+  const run = t.run ? el("a", { href: "/runs/" + t.run.id, id: "run-link", title: "every rank of this run" }, `Run ${t.run.name} · rank ${t.run.rank}`) : null;
+  if (!t.devices || t.devices.length < 2) {
+    if (run) { nav.replaceChildren(run); nav.hidden = false; }
+    return;
+  }
+  nav.replaceChildren(...(run ? [run, " "] : []), el("span", { class: "dim" }, "Device:"));
   for (const d of t.devices) {
     const name = "cuda:" + d.device + (d.oom_count ? " (OOM)" : "");
     nav.append(d.id === view.id ? el("span", { class: "current", "aria-current": "page" }, name)

@@ -61,6 +61,9 @@ type ListQuery struct {
 	Asc    bool            // ascending; the default is descending
 	Offset int
 	Limit  int // 0: no limit
+	// GroupRuns lists each run once, as the trace of its rank that peaked
+	// highest (reserved, then allocated), and matches Name on run names too.
+	GroupRuns bool
 }
 
 // ListSorts are the orders of the trace list, by the column they sort.
@@ -69,14 +72,30 @@ var ListSorts = map[string]string{
 	"events": "event_count", "peak": "peak_reserved", "ooms": "oom_count", "duration": "last_us - first_us",
 }
 
+// worstOfRun keeps a trace unless it is a rank of a run with a trace that
+// peaked higher (reserved, then allocated): a run's one row in a grouped
+// list.
+const worstOfRun = `(upload NOT IN (SELECT id FROM uploads WHERE run != '') OR tid = (
+	SELECT t2.tid FROM traces t2 JOIN uploads u2 ON u2.id = t2.upload
+	WHERE u2.run = (SELECT run FROM uploads WHERE id = traces.upload) AND t2.` + hidden + `
+	ORDER BY t2.peak_reserved DESC, t2.peak_allocated DESC, t2.tid LIMIT 1))`
+
 // TraceList returns one page of the traces q picks, in q's order, and how
 // many it picks in all.
 func (db *DB) TraceList(q ListQuery) ([]gpu.Trace, int, error) {
 	where := []string{hidden}
 	var args []any
 	if q.Name != "" {
-		where = append(where, "name LIKE ? ESCAPE '\\'")
-		args = append(args, "%"+strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name)+"%")
+		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name) + "%"
+		if q.GroupRuns {
+			where = append(where, `(name LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE r.name LIKE ?1 ESCAPE '\'))`)
+		} else {
+			where = append(where, "name LIKE ?1 ESCAPE '\\'")
+		}
+		args = append(args, like)
+	}
+	if q.GroupRuns {
+		where = append(where, worstOfRun)
 	}
 	if q.Source != "" {
 		where = append(where, "source = ?")
@@ -302,12 +321,15 @@ func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot gpu.Totals, cn
 
 // initial is the state before the first event.
 func (r *reader) initial() (gpu.Totals, allocCounts, error) {
-	c, err := r.oneChunk("1 ORDER BY first_seq LIMIT 1")
-	if err != nil || c != nil {
-		if c == nil {
-			return gpu.Totals{}, allocCounts{}, err
-		}
-		return c.before, c.cnt, err
+	// The first chunk's totals, without its events.
+	var v [7]int64
+	err := r.tx.QueryRow("SELECT reserved0, allocated0, active0, allocs0, alloc_bytes0, frees0, free_bytes0 FROM chunks WHERE tid = ? ORDER BY first_seq LIMIT 1", r.tid).
+		Scan(&v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6])
+	if err == nil {
+		return gpu.Totals{Reserved: uint64(v[0]), Allocated: uint64(v[1]), Active: uint64(v[2])}, allocCounts{v[3], v[4], v[5], v[6]}, nil
+	}
+	if !errors.Is(err, sql.ErrNoRows) {
+		return gpu.Totals{}, allocCounts{}, err
 	}
 	l, err := r.checkpoint(initialSeq)
 	if err != nil {
@@ -583,6 +605,22 @@ type Usage struct {
 // the window in n buckets, and buckets start at multiples of it, so results
 // for nearby windows line up and can be cached.
 func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
+	return db.UsageOf(id, t0, t1, n, AllSeries)
+}
+
+// Series picks which of reserved, allocated and active bytes a usage
+// query reads.
+type Series uint8
+
+const (
+	SeriesReserved Series = 1 << iota
+	SeriesAllocated
+	SeriesActive
+	AllSeries = SeriesReserved | SeriesAllocated | SeriesActive
+)
+
+// UsageOf is Usage of the series s picks; the others are zero.
+func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	if n < 1 || t1 < t0 {
 		return Usage{}, fmt.Errorf("store: usage needs t0 <= t1 and n >= 1 (got [%d, %d], n=%d)", t0, t1, n)
 	}
@@ -603,27 +641,11 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 	aggs := make([]levelAcc, nb)
 	stored := make([]bool, nb)
 
-	rows, err := r.tx.Query(`SELECT b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last
-		FROM usage_levels WHERE tid = ? AND k = ? AND b BETWEEN ? AND ?`, r.tid, k, b0, b1)
-	if err != nil {
-		return Usage{}, err
-	}
-	for rows.Next() {
-		var a levelAcc
-		var v [9]int64
-		if err := rows.Scan(&a.b, &a.n, &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8]); err != nil {
-			rows.Close()
-			return Usage{}, err
-		}
-		a.valid = true
-		a.min = gpu.Totals{Reserved: uint64(v[0]), Allocated: uint64(v[3]), Active: uint64(v[6])}
-		a.max = gpu.Totals{Reserved: uint64(v[1]), Allocated: uint64(v[4]), Active: uint64(v[7])}
-		a.last = gpu.Totals{Reserved: uint64(v[2]), Allocated: uint64(v[5]), Active: uint64(v[8])}
+	err = r.levels(k, b0, b1, s, func(a levelAcc) {
 		aggs[a.b-b0] = a
 		stored[a.b-b0] = true
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+	})
+	if err != nil {
 		return Usage{}, err
 	}
 
@@ -697,11 +719,77 @@ func (db *DB) Usage(id string, t0, t1 int64, n int) (Usage, error) {
 			carry = a.last
 		}
 		out.Buckets[i] = UsageBucket{StartUS: (b0 + int64(i)) << k, Events: a.n,
-			Reserved:  Range{lo.Reserved, hi.Reserved},
-			Allocated: Range{lo.Allocated, hi.Allocated},
-			Active:    Range{lo.Active, hi.Active}}
+			Reserved:  s.pick(SeriesReserved, Range{lo.Reserved, hi.Reserved}),
+			Allocated: s.pick(SeriesAllocated, Range{lo.Allocated, hi.Allocated}),
+			Active:    s.pick(SeriesActive, Range{lo.Active, hi.Active})}
 	}
 	return out, nil
+}
+
+// levels calls fn with the stored usage buckets of level k from b0 to b1,
+// with the series s picks. Only those columns are read, into plain values
+// (database/sql converts into typed pointers by reflection): a run's
+// heatmap reads a hundred thousand buckets.
+func (r *reader) levels(k int, b0, b1 int64, s Series, fn func(levelAcc)) error {
+	cols := "b, n"
+	var picked []*uint64 // where each number after b and n goes, in a
+	var a levelAcc
+	for _, c := range []struct {
+		s      Series
+		prefix string
+		min    *uint64
+		max    *uint64
+		last   *uint64
+	}{
+		{SeriesReserved, "res", &a.min.Reserved, &a.max.Reserved, &a.last.Reserved},
+		{SeriesAllocated, "alloc", &a.min.Allocated, &a.max.Allocated, &a.last.Allocated},
+		{SeriesActive, "act", &a.min.Active, &a.max.Active, &a.last.Active},
+	} {
+		if s&c.s != 0 {
+			cols += fmt.Sprintf(", %[1]s_min, %[1]s_max, %[1]s_last", c.prefix)
+			picked = append(picked, c.min, c.max, c.last)
+		}
+	}
+	rows, err := r.tx.Query("SELECT "+cols+" FROM usage_levels WHERE tid = ? AND k = ? AND b BETWEEN ? AND ?", r.tid, k, b0, b1)
+	if err != nil {
+		return err
+	}
+	defer rows.Close()
+	vals := make([]any, 2+len(picked))
+	ptrs := make([]any, len(vals))
+	for i := range vals {
+		ptrs[i] = &vals[i]
+	}
+	for rows.Next() {
+		if err := rows.Scan(ptrs...); err != nil {
+			return err
+		}
+		a = levelAcc{valid: true}
+		for j, v := range vals {
+			n, ok := v.(int64)
+			if !ok {
+				return fmt.Errorf("trace %s: usage level %d: %T in column %d", r.trace.ID, k, v, j)
+			}
+			switch j {
+			case 0:
+				a.b = n
+			case 1:
+				a.n = n
+			default:
+				*picked[j-2] = uint64(n)
+			}
+		}
+		fn(a)
+	}
+	return rows.Err()
+}
+
+// pick is r when s picks series t, else zero.
+func (s Series) pick(t Series, r Range) Range {
+	if s&t == 0 {
+		return Range{}
+	}
+	return r
 }
 
 func (a *allocRec) allocation() gpu.Allocation {

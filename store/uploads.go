@@ -16,7 +16,9 @@ import (
 )
 
 // CreateUpload stores an upload's record and returns its id; traces join
-// it through TraceMeta.Upload. u.ID and u.Created are set here.
+// it through TraceMeta.Upload. u.ID and u.Created are set here. An upload
+// of a run (u.Run) needs the run to exist and the rank to be free
+// (ErrRankTaken).
 func (db *DB) CreateUpload(u gpu.Upload) (string, error) {
 	id := NewUploadID()
 	err := db.write(func(tx *sql.Tx) error { return insertUpload(tx, id, u) })
@@ -31,13 +33,58 @@ func (db *DB) CreateUpload(u gpu.Upload) (string, error) {
 func NewUploadID() string { return newTraceID() }
 
 func insertUpload(tx *sql.Tx, id string, u gpu.Upload) error {
+	if u.Run != "" {
+		if err := checkRank(tx, u.Run, u.Rank); err != nil {
+			return err
+		}
+	}
 	var settings any
 	if u.Settings != "" {
 		settings = u.Settings
 	}
-	_, err := tx.Exec("INSERT INTO uploads (id, name, created_us, settings, top) VALUES (?,?,?,?,?)",
-		id, u.Name, time.Now().UnixMicro(), settings, u.Top)
+	_, err := tx.Exec("INSERT INTO uploads (id, name, created_us, settings, top, run, rank) VALUES (?,?,?,?,?,?,?)",
+		id, u.Name, time.Now().UnixMicro(), settings, u.Top, u.Run, u.Rank)
 	return err
+}
+
+// StagedUpload is an import's upload waiting to be published: its id
+// (from NewUploadID), record, annotations and import writers.
+type StagedUpload struct {
+	ID          string
+	Upload      gpu.Upload
+	Annotations []gpu.Annotation
+	Writers     []*Writer
+}
+
+// PublishRun stores a new run named name of the staged uploads (each
+// Upload.Rank its rank) and shows all their traces, in one transaction,
+// and returns the run's id. worldSize is how many ranks the job had (0:
+// unknown). After an error nothing is shown; Abort the writers.
+func (db *DB) PublishRun(name string, worldSize int, ups []StagedUpload) (string, error) {
+	run := newTraceID()
+	var ws []*Writer
+	for _, u := range ups {
+		ws = append(ws, u.Writers...)
+	}
+	err := db.publish(ws, func(tx *sql.Tx) error {
+		if err := insertRun(tx, run, name, worldSize); err != nil {
+			return err
+		}
+		for _, u := range ups {
+			u.Upload.Run = run
+			if err := insertUpload(tx, u.ID, u.Upload); err != nil {
+				return err
+			}
+			if err := insertAnnotations(tx, u.ID, u.Annotations); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return "", fmt.Errorf("store: publish run %q: %w", name, err)
+	}
+	return run, nil
 }
 
 // PublishUpload is Publish for the import writers of one upload: the
@@ -89,9 +136,14 @@ func (db *DB) DeleteUpload(id string) error {
 	return err
 }
 
-// dropUpload deletes an upload's record and annotations; when orphan,
-// only if no trace of it is left.
+// dropUpload deletes an upload's record and annotations, and its run
+// when no other upload of that is left; when orphan, only if no trace of
+// the upload is left.
 func dropUpload(tx *sql.Tx, id string, orphan bool) error {
+	var run string
+	if err := tx.QueryRow("SELECT run FROM uploads WHERE id = ?", id).Scan(&run); err != nil && !errors.Is(err, sql.ErrNoRows) {
+		return err
+	}
 	cond := ""
 	if orphan {
 		cond = " AND NOT EXISTS (SELECT 1 FROM traces WHERE upload = ?)"
@@ -105,7 +157,7 @@ func dropUpload(tx *sql.Tx, id string, orphan bool) error {
 			return err
 		}
 	}
-	return nil
+	return dropEmptyRun(tx, run)
 }
 
 // uploadExists checks that upload id is stored ("" is no upload).
@@ -128,7 +180,7 @@ func (db *DB) Upload(id string) (gpu.Upload, error) {
 	u := gpu.Upload{ID: id}
 	var created int64
 	var settings sql.NullString
-	err := db.r.QueryRow("SELECT name, created_us, settings, top FROM uploads WHERE id = ?", id).Scan(&u.Name, &created, &settings, &u.Top)
+	err := db.r.QueryRow("SELECT name, created_us, settings, top, run, rank FROM uploads WHERE id = ?", id).Scan(&u.Name, &created, &settings, &u.Top, &u.Run, &u.Rank)
 	if errors.Is(err, sql.ErrNoRows) {
 		return u, fmt.Errorf("upload %q: %w", id, ErrNotFound)
 	}

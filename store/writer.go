@@ -136,6 +136,8 @@ type Writer struct {
 	tid    int64
 	id     string
 	upload string
+	// importing: the trace is hidden until Publish (ImportTrace)
+	importing bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -217,6 +219,7 @@ func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string
 	}
 	w := newWriter(db, initial.Clone())
 	w.id = newTraceID()
+	w.importing = status == statusImporting
 	w.stats = caching.NewStatCounter(w.layout, initial.Rules)
 	f := w.layout.Figures()
 	w.tot = gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}
@@ -485,9 +488,16 @@ type traceCounters struct {
 
 // take moves the pending rows into a batch, with copies of the open chunk,
 // open bins and live allocations, so a commit holds everything up to now.
+// An import's commits before its last leave those three out: nobody reads
+// the trace until it is published, and its last commit writes them.
 func (w *Writer) take() *batch {
 	b := &batch{pending: w.pend}
 	w.pend = pending{}
+	b.levels = append(b.levels, w.pyr.take()...)
+	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
+	if w.importing && !w.closed {
+		return b
+	}
 	if w.chunk.n > 0 {
 		r := w.chunk.row(true)
 		b.partChunk = &r
@@ -499,9 +509,7 @@ func (w *Writer) take() *batch {
 		bn.dirty = false
 	}
 	w.dirty = w.dirty[:0]
-	b.levels = append(b.levels, w.pyr.take()...)
 	b.openBlob = w.openBlob()
-	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
 	return b
 }
 
@@ -743,8 +751,10 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 			}
 		}
 	}
-	if _, err := tx.Exec("INSERT OR REPLACE INTO alloc_open (tid, data) VALUES (?,?)", tid, b.openBlob); err != nil {
-		return err
+	if b.openBlob != nil {
+		if _, err := tx.Exec("INSERT OR REPLACE INTO alloc_open (tid, data) VALUES (?,?)", tid, b.openBlob); err != nil {
+			return err
+		}
 	}
 	t := &b.trace
 	q := `UPDATE traces SET event_count = ?, first_seq = ?, last_seq = ?, first_us = ?, last_us = ?,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 
 	"vramscope/gpu"
@@ -22,7 +23,14 @@ type Train struct {
 	Steps         int
 	DtypeBytes    int  // 2 for bf16
 	Checkpointing bool // activation checkpointing: keep layer inputs only, recompute in backward
-	Seed          uint64
+	// SeqLens, when set, are the steps' sequence lengths (step i has
+	// SeqLens[i%len]), as batches of varying length give; else every step
+	// has Seq.
+	SeqLens []int
+	// StepUS, when set, is how far apart steps start, as when data-parallel
+	// ranks wait for each other every step.
+	StepUS int64
+	Seed   uint64
 }
 
 // DefaultTrain is a GPT-2-XL-sized run: about 1.5 B parameters.
@@ -126,132 +134,39 @@ func paramLine(name string) uint64 {
 }
 
 func (t Train) Run(ctx context.Context, env *Env) error {
-	if t.Layers <= 0 || t.Hidden <= 0 || t.Batch <= 0 || t.Seq <= 0 || t.Steps <= 0 || t.DtypeBytes <= 0 || t.Vocab <= 0 {
-		return fmt.Errorf("train: layers, hidden, vocab, batch, seq, steps and dtype bytes must be positive")
+	m, err := newModel(t, env)
+	if err != nil {
+		return err
 	}
-	r := rand.New(rand.NewPCG(t.Seed, 0x7472))
-	H, B, S, D := uint64(t.Hidden), uint64(t.Batch), uint64(t.Seq), uint64(t.DtypeBytes)
-	heads := max(uint64(1), H/128)
-	mainFrame := frame("main", trainFile, 120)
-	st := func(frames ...[]gpu.Frame) gpu.StackID {
-		return env.stack(join(append([][]gpu.Frame{{allocatorFrame}}, frames...)...)...)
-	}
-	malloc := func(size uint64, stack gpu.StackID, role string) (uint64, error) {
-		p, err := env.malloc(size, stack)
-		if err == nil && env.Role != nil {
-			env.Role(p, role)
-		}
-		return p, err
-	}
-
-	// Parameters, in construction order.
-	params := tensors{}
-	var plist []param
-	add := func(name string, elems uint64) { plist = append(plist, param{name, elems * D}) }
-	add("model.embed.weight", uint64(t.Vocab)*H)
-	for l := 0; l < t.Layers; l++ {
-		p := fmt.Sprintf("model.layers.%d.", l)
-		add(p+"ln1.weight", H)
-		add(p+"attn.qkv.weight", 3*H*H)
-		add(p+"attn.out.weight", H*H)
-		add(p+"ln2.weight", H)
-		add(p+"mlp.up.weight", 4*H*H)
-		add(p+"mlp.down.weight", 4*H*H)
-	}
-	add("model.norm.weight", H)
-	add("model.lm_head.weight", uint64(t.Vocab)*H)
-	for _, p := range plist {
-		a, err := malloc(p.size, st(paramInit(p.name), []gpu.Frame{frame("__init__", "model.py", paramLine(p.name)),
-			frame("build_model", trainFile, 20), mainFrame}), RoleParameter)
-		if err != nil {
-			return err
-		}
-		params[p.name] = a
+	if err := m.build(m.params(0, t.Layers, true, true)); err != nil {
+		return err
 	}
 	env.Clock.Advance(50_000)
-
-	stepFrame := []gpu.Frame{frame("train_step", trainFile, 88), mainFrame}
-	// model.forward's calls: the embedding (line 100), the layers (102),
-	// the head (104).
-	inModel := func(line uint64, inner ...[]gpu.Frame) gpu.StackID {
-		return st(join(inner...), moduleCall, []gpu.Frame{frame("forward", "model.py", line)}, moduleCall, stepFrame)
-	}
-	layerOp := func(op string) gpu.StackID { return inModel(102, layerOps[op], moduleCall) }
-	workspace := func(op string) gpu.StackID {
-		return inModel(102, []gpu.Frame{cpp("at::cuda::getCUDABlasLtWorkspace()")}, layerOps[op], moduleCall)
-	}
-	node := func(name string) gpu.StackID {
-		return st([]gpu.Frame{cpp("torch::autograd::generated::" + name + "::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)")}, engine)
-	}
-	backwardNode := map[string]string{"mlp.down": "MmBackward0", "mlp.up": "MmBackward0", "ln2": "NativeLayerNormBackward0",
-		"attn.out": "MmBackward0", "attn.qkv": "MmBackward0", "ln1": "NativeLayerNormBackward0"}
-	optStep := []gpu.Frame{frame("step", torchDir+"optim/adam.py", 236), frame("_use_grad", torchDir+"optim/optimizer.py", 79),
-		frame("wrapper", torchDir+"optim/optimizer.py", 487), frame("train_step", trainFile, 93), mainFrame}
+	start := env.Clock.US
 
 	adam := tensors{}
 	for step := 0; step < t.Steps; step++ {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
+		if t.StepUS > 0 {
+			env.Clock.US = max(env.Clock.US, start+int64(step)*t.StepUS)
+		}
 		env.begin(fmt.Sprintf("ProfilerStep#%d", step))
-		var saved []tensors // per layer, freed in reverse in backward
-		x, err := malloc(B*S*H*D, inModel(100, []gpu.Frame{frame("embedding", torchDir+"nn/functional.py", 2551),
-			frame("forward", torchDir+"nn/modules/sparse.py", 190)}), RoleActivation)
+		if len(t.SeqLens) > 0 {
+			m.S = uint64(t.SeqLens[step%len(t.SeqLens)])
+		}
+		x, err := m.embed()
 		if err != nil {
 			return err
 		}
-		for l := 0; l < t.Layers; l++ {
-			acts := tensors{"input": x}
-			steps := []struct {
-				name  string
-				elems uint64
-			}{
-				{"ln1", B * S * H}, {"attn.qkv", 3 * B * S * H}, {"attn.scores", B * heads * S * S},
-				{"attn.probs", B * heads * S * S}, {"attn.context", B * S * H}, {"attn.out", B * S * H},
-				{"ln2", B * S * H}, {"mlp.up", 4 * B * S * H}, {"mlp.act", 4 * B * S * H}, {"mlp.down", B * S * H},
-			}
-			for _, s := range steps {
-				a, err := malloc(s.elems*D, layerOp(s.name), RoleActivation)
-				if err != nil {
-					return err
-				}
-				acts[s.name] = a
-				if s.name == "attn.qkv" || s.name == "mlp.up" {
-					// a matmul's workspace, gone right after
-					ws, err := malloc(uint64(4+r.IntN(28))<<20, workspace(s.name), RoleTemporary)
-					if err != nil {
-						return err
-					}
-					env.Clock.Advance(30)
-					if err := env.free(ws); err != nil {
-						return err
-					}
-				}
-				env.Clock.Advance(int64(s.elems / 4096))
-			}
-			// scores are consumed by softmax; the residual stream moves on
-			if err := env.free(acts["attn.scores"]); err != nil {
+		saved := make([]tensors, t.Layers) // per layer, freed in reverse in backward
+		for l := range t.Layers {
+			if saved[l], x, err = m.forwardLayer(l, x); err != nil {
 				return err
 			}
-			delete(acts, "attn.scores")
-			x = acts["mlp.down"]
-			delete(acts, "mlp.down")
-			if t.Checkpointing {
-				in := acts["input"]
-				delete(acts, "input")
-				if err := acts.freeAll(env); err != nil {
-					return err
-				}
-				acts["input"] = in
-			}
-			saved = append(saved, acts)
 		}
-		logits, err := malloc(B*S*uint64(t.Vocab)*4, inModel(104, []gpu.Frame{linearFwd}), RoleActivation)
-		if err != nil {
-			return err
-		}
-		env.Clock.Advance(int64(B * S * uint64(t.Vocab) / 4096))
-		loss, err := malloc(512, st([]gpu.Frame{frame("cross_entropy", torchDir+"nn/functional.py", 3479), frame("train_step", trainFile, 89), mainFrame}), RoleActivation)
+		logits, loss, err := m.head()
 		if err != nil {
 			return err
 		}
@@ -261,65 +176,16 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 
 		// Backward: gradients appear as the pass reaches each parameter.
 		grads := tensors{}
-		gradOf := func(name string, stack gpu.StackID) error {
-			g, err := malloc(paramSize(plist, name), stack, RoleGradient)
-			if err != nil {
-				return err
-			}
-			grads[name] = g
-			return nil
-		}
-		dlogits, err := malloc(B*S*uint64(t.Vocab)*4, node("LogSoftmaxBackward0"), RoleTemporary)
+		dx, err := m.headBackward(logits, grads)
 		if err != nil {
-			return err
-		}
-		if err := env.free(logits); err != nil {
-			return err
-		}
-		if err := gradOf("model.lm_head.weight", node("MmBackward0")); err != nil {
-			return err
-		}
-		dx, err := malloc(B*S*H*D, node("MmBackward0"), RoleTemporary)
-		if err != nil {
-			return err
-		}
-		if err := env.free(dlogits); err != nil {
-			return err
-		}
-		if err := gradOf("model.norm.weight", node("NativeLayerNormBackward0")); err != nil {
 			return err
 		}
 		for l := t.Layers - 1; l >= 0; l-- {
-			p := fmt.Sprintf("model.layers.%d.", l)
-			acts := saved[l]
-			if t.Checkpointing { // recompute the layer's activations
-				for _, s := range []string{"ln1", "attn.qkv", "attn.probs", "attn.context", "attn.out", "ln2", "mlp.up", "mlp.act"} {
-					a, err := malloc(B*S*H*D*mult(s, heads, S, H), st(layerOps[s], moduleCall,
-						[]gpu.Frame{frame("recompute_fn", torchDir+"utils/checkpoint.py", 1594)}, engine), RoleActivation)
-					if err != nil {
-						return err
-					}
-					acts[s] = a
-				}
-			}
-			for _, w := range []string{"mlp.down", "mlp.up", "ln2", "attn.out", "attn.qkv", "ln1"} {
-				if err := gradOf(p+w+".weight", node(backwardNode[w])); err != nil {
-					return err
-				}
-				tmp, err := malloc(B*S*H*D*mult(w, heads, S, H), node(backwardNode[w]), RoleTemporary)
-				if err != nil {
-					return err
-				}
-				env.Clock.Advance(int64(B * S * H / 2048))
-				if err := env.free(tmp); err != nil {
-					return err
-				}
-			}
-			if err := acts.freeAll(env); err != nil {
+			if err := m.backwardLayer(l, saved[l], grads); err != nil {
 				return err
 			}
 		}
-		if err := gradOf("model.embed.weight", node("EmbeddingBackward0")); err != nil {
+		if err := m.grad(grads, "model.embed.weight", m.node("EmbeddingBackward0")); err != nil {
 			return err
 		}
 		if err := env.free(dx); err != nil {
@@ -328,42 +194,283 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 		if err := env.free(loss); err != nil {
 			return err
 		}
-
-		// optimizer.step(), as PyTorch's optimizers annotate it: Adam
-		// states are created on the first step, in fp32.
-		env.begin("Optimizer.step#Adam.step")
-		for _, p := range plist {
-			if _, ok := adam[p.name+".exp_avg"]; !ok {
-				for _, s := range []string{".exp_avg", ".exp_avg_sq"} {
-					a, err := malloc(p.size/D*4, st([]gpu.Frame{frame("_init_group", torchDir+"optim/adam.py", 170)}, optStep), RoleOptimizerState)
-					if err != nil {
-						return err
-					}
-					adam[p.name+s] = a
-				}
-			}
-			tmp, err := malloc(p.size/D*4, st([]gpu.Frame{frame("_multi_tensor_adam", torchDir+"optim/adam.py", 593),
-				frame("adam", torchDir+"optim/adam.py", 935)}, optStep), RoleTemporary)
-			if err != nil {
-				return err
-			}
-			env.Clock.Advance(int64(p.size / 65536))
-			if err := env.free(tmp); err != nil {
-				return err
-			}
-		}
-		env.end()
-		env.begin("Optimizer.zero_grad#Adam.zero_grad")
-		if err := grads.freeAll(env); err != nil { // set_to_none=True
+		if err := m.optimizerStep(m.plist, adam, grads); err != nil {
 			return err
 		}
-		env.end()
 		env.Clock.Advance(10_000)
 		env.end()
 	}
 	env.Notes = append(env.Notes, fmt.Sprintf("train: %d layers, hidden %d, batch %d x %d tokens, %d steps, %d parameters, checkpointing %v",
-		t.Layers, t.Hidden, t.Batch, t.Seq, t.Steps, paramCount(plist, D), t.Checkpointing))
+		t.Layers, t.Hidden, t.Batch, t.Seq, t.Steps, paramCount(m.plist, m.D), t.Checkpointing))
 	return nil
+}
+
+// model is a Train's transformer as workloads run it: its sizes, its
+// parameters, and the passes that allocate its activations, gradients
+// and optimizer states under the frames PyTorch records for them, each
+// reported with its role.
+type model struct {
+	t                 Train
+	env               *Env
+	r                 *rand.Rand
+	H, B, S, D, heads uint64
+	plist             []param
+	mainFrame         gpu.Frame
+	stepFrame         gpu.Frame // train_step's line calling the model
+}
+
+func newModel(t Train, env *Env) (*model, error) {
+	if t.Layers <= 0 || t.Hidden <= 0 || t.Batch <= 0 || t.Seq <= 0 || t.Steps <= 0 || t.DtypeBytes <= 0 || t.Vocab <= 0 || slices.ContainsFunc(t.SeqLens, func(n int) bool { return n <= 0 }) {
+		return nil, fmt.Errorf("train: layers, hidden, vocab, batch, seq, steps and dtype bytes must be positive")
+	}
+	m := &model{t: t, env: env, r: rand.New(rand.NewPCG(t.Seed, 0x7472)),
+		H: uint64(t.Hidden), B: uint64(t.Batch), S: uint64(t.Seq), D: uint64(t.DtypeBytes),
+		mainFrame: frame("main", trainFile, 120), stepFrame: frame("train_step", trainFile, 88)}
+	m.heads = max(uint64(1), m.H/128)
+	return m, nil
+}
+
+// stack is the allocator's frame, then frames, innermost first.
+func (m *model) stack(frames ...[]gpu.Frame) gpu.StackID {
+	return m.env.stack(join(append([][]gpu.Frame{{allocatorFrame}}, frames...)...)...)
+}
+
+// malloc allocates size bytes under stack and reports their role.
+func (m *model) malloc(size uint64, stack gpu.StackID, role string) (uint64, error) {
+	p, err := m.env.malloc(size, stack)
+	if err == nil && m.env.Role != nil {
+		m.env.Role(p, role)
+	}
+	return p, err
+}
+
+// inModel is a stack inside model.forward's call at line of model.py
+// (the embedding at 100, the layers at 102, the head at 104).
+func (m *model) inModel(line uint64, inner ...[]gpu.Frame) gpu.StackID {
+	return m.stack(join(inner...), moduleCall, []gpu.Frame{frame("forward", "model.py", line)}, moduleCall, []gpu.Frame{m.stepFrame, m.mainFrame})
+}
+
+func (m *model) layerOp(op string) gpu.StackID { return m.inModel(102, layerOps[op], moduleCall) }
+
+func (m *model) workspace(op string) gpu.StackID {
+	return m.inModel(102, []gpu.Frame{cpp("at::cuda::getCUDABlasLtWorkspace()")}, layerOps[op], moduleCall)
+}
+
+// node is a stack in the autograd engine's thread, in backward node name.
+func (m *model) node(name string) gpu.StackID {
+	return m.stack([]gpu.Frame{cpp("torch::autograd::generated::" + name + "::apply(std::vector<at::Tensor, std::allocator<at::Tensor> >&&)")}, engine)
+}
+
+var backwardNode = map[string]string{"mlp.down": "MmBackward0", "mlp.up": "MmBackward0", "ln2": "NativeLayerNormBackward0",
+	"attn.out": "MmBackward0", "attn.qkv": "MmBackward0", "ln1": "NativeLayerNormBackward0"}
+
+// params lists the parameters of layers [from, to), with the embedding
+// and the head (final norm and lm_head) when asked, in construction
+// order.
+func (m *model) params(from, to int, embed, head bool) []param {
+	var plist []param
+	add := func(name string, elems uint64) { plist = append(plist, param{name, elems * m.D}) }
+	H := m.H
+	if embed {
+		add("model.embed.weight", uint64(m.t.Vocab)*H)
+	}
+	for l := from; l < to; l++ {
+		p := fmt.Sprintf("model.layers.%d.", l)
+		add(p+"ln1.weight", H)
+		add(p+"attn.qkv.weight", 3*H*H)
+		add(p+"attn.out.weight", H*H)
+		add(p+"ln2.weight", H)
+		add(p+"mlp.up.weight", 4*H*H)
+		add(p+"mlp.down.weight", 4*H*H)
+	}
+	if head {
+		add("model.norm.weight", H)
+		add("model.lm_head.weight", uint64(m.t.Vocab)*H)
+	}
+	return plist
+}
+
+// build allocates the parameters plist lists (they live as long as the
+// job) and makes them the model's.
+func (m *model) build(plist []param) error {
+	m.plist = plist
+	for _, p := range plist {
+		if _, err := m.malloc(p.size, m.stack(paramInit(p.name), []gpu.Frame{frame("__init__", "model.py", paramLine(p.name)),
+			frame("build_model", trainFile, 20), m.mainFrame}), RoleParameter); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// embed is the embedding's output, the first layer's input.
+func (m *model) embed() (uint64, error) {
+	return m.malloc(m.B*m.S*m.H*m.D, m.inModel(100, []gpu.Frame{frame("embedding", torchDir+"nn/functional.py", 2551),
+		frame("forward", torchDir+"nn/modules/sparse.py", 190)}), RoleActivation)
+}
+
+// forwardLayer runs layer l on x: the activations it saves for backward
+// and its output.
+func (m *model) forwardLayer(l int, x uint64) (tensors, uint64, error) {
+	env, B, S, H, D := m.env, m.B, m.S, m.H, m.D
+	acts := tensors{"input": x}
+	steps := []struct {
+		name  string
+		elems uint64
+	}{
+		{"ln1", B * S * H}, {"attn.qkv", 3 * B * S * H}, {"attn.scores", B * m.heads * S * S},
+		{"attn.probs", B * m.heads * S * S}, {"attn.context", B * S * H}, {"attn.out", B * S * H},
+		{"ln2", B * S * H}, {"mlp.up", 4 * B * S * H}, {"mlp.act", 4 * B * S * H}, {"mlp.down", B * S * H},
+	}
+	for _, s := range steps {
+		a, err := m.malloc(s.elems*D, m.layerOp(s.name), RoleActivation)
+		if err != nil {
+			return nil, 0, err
+		}
+		acts[s.name] = a
+		if s.name == "attn.qkv" || s.name == "mlp.up" {
+			// a matmul's workspace, gone right after
+			ws, err := m.malloc(uint64(4+m.r.IntN(28))<<20, m.workspace(s.name), RoleTemporary)
+			if err != nil {
+				return nil, 0, err
+			}
+			env.Clock.Advance(30)
+			if err := env.free(ws); err != nil {
+				return nil, 0, err
+			}
+		}
+		env.Clock.Advance(int64(s.elems / 4096))
+	}
+	// scores are consumed by softmax; the residual stream moves on
+	if err := env.free(acts["attn.scores"]); err != nil {
+		return nil, 0, err
+	}
+	delete(acts, "attn.scores")
+	x = acts["mlp.down"]
+	delete(acts, "mlp.down")
+	if m.t.Checkpointing {
+		in := acts["input"]
+		delete(acts, "input")
+		if err := acts.freeAll(env); err != nil {
+			return nil, 0, err
+		}
+		acts["input"] = in
+	}
+	return acts, x, nil
+}
+
+// head is the lm_head's logits and the loss.
+func (m *model) head() (logits, loss uint64, err error) {
+	logits, err = m.malloc(m.B*m.S*uint64(m.t.Vocab)*4, m.inModel(104, []gpu.Frame{linearFwd}), RoleActivation)
+	if err != nil {
+		return 0, 0, err
+	}
+	m.env.Clock.Advance(int64(m.B * m.S * uint64(m.t.Vocab) / 4096))
+	loss, err = m.malloc(512, m.stack([]gpu.Frame{frame("cross_entropy", torchDir+"nn/functional.py", 3479), frame("train_step", trainFile, 89), m.mainFrame}), RoleActivation)
+	return logits, loss, err
+}
+
+// grad gives parameter name its gradient the first time backward reaches
+// it; later micro-batches accumulate into it.
+func (m *model) grad(grads tensors, name string, stack gpu.StackID) error {
+	if _, ok := grads[name]; ok {
+		return nil
+	}
+	g, err := m.malloc(paramSize(m.plist, name), stack, RoleGradient)
+	if err != nil {
+		return err
+	}
+	grads[name] = g
+	return nil
+}
+
+// headBackward runs backward through the lm_head and the final norm,
+// freeing the logits: the gradient of the last layer's output.
+func (m *model) headBackward(logits uint64, grads tensors) (uint64, error) {
+	env := m.env
+	dlogits, err := m.malloc(m.B*m.S*uint64(m.t.Vocab)*4, m.node("LogSoftmaxBackward0"), RoleTemporary)
+	if err != nil {
+		return 0, err
+	}
+	if err := env.free(logits); err != nil {
+		return 0, err
+	}
+	if err := m.grad(grads, "model.lm_head.weight", m.node("MmBackward0")); err != nil {
+		return 0, err
+	}
+	dx, err := m.malloc(m.B*m.S*m.H*m.D, m.node("MmBackward0"), RoleTemporary)
+	if err != nil {
+		return 0, err
+	}
+	if err := env.free(dlogits); err != nil {
+		return 0, err
+	}
+	return dx, m.grad(grads, "model.norm.weight", m.node("NativeLayerNormBackward0"))
+}
+
+// backwardLayer runs backward through layer l (recomputing its
+// activations under checkpointing) and frees what its forward saved.
+func (m *model) backwardLayer(l int, acts tensors, grads tensors) error {
+	env, B, S, H, D := m.env, m.B, m.S, m.H, m.D
+	p := fmt.Sprintf("model.layers.%d.", l)
+	if m.t.Checkpointing { // recompute the layer's activations
+		for _, s := range []string{"ln1", "attn.qkv", "attn.probs", "attn.context", "attn.out", "ln2", "mlp.up", "mlp.act"} {
+			a, err := m.malloc(B*S*H*D*mult(s, m.heads, S, H), m.stack(layerOps[s], moduleCall,
+				[]gpu.Frame{frame("recompute_fn", torchDir+"utils/checkpoint.py", 1594)}, engine), RoleActivation)
+			if err != nil {
+				return err
+			}
+			acts[s] = a
+		}
+	}
+	for _, w := range []string{"mlp.down", "mlp.up", "ln2", "attn.out", "attn.qkv", "ln1"} {
+		if err := m.grad(grads, p+w+".weight", m.node(backwardNode[w])); err != nil {
+			return err
+		}
+		tmp, err := m.malloc(B*S*H*D*mult(w, m.heads, S, H), m.node(backwardNode[w]), RoleTemporary)
+		if err != nil {
+			return err
+		}
+		env.Clock.Advance(int64(B * S * H / 2048))
+		if err := env.free(tmp); err != nil {
+			return err
+		}
+	}
+	return acts.freeAll(env)
+}
+
+// optimizerStep is Adam's step over plist, as PyTorch's optimizers
+// annotate it (its states created in fp32 on the first step), then
+// zero_grad(set_to_none=True).
+func (m *model) optimizerStep(plist []param, adam, grads tensors) error {
+	env := m.env
+	optStep := []gpu.Frame{frame("step", torchDir+"optim/adam.py", 236), frame("_use_grad", torchDir+"optim/optimizer.py", 79),
+		frame("wrapper", torchDir+"optim/optimizer.py", 487), frame("train_step", trainFile, 93), m.mainFrame}
+	env.begin("Optimizer.step#Adam.step")
+	for _, p := range plist {
+		if _, ok := adam[p.name+".exp_avg"]; !ok {
+			for _, s := range []string{".exp_avg", ".exp_avg_sq"} {
+				a, err := m.malloc(p.size/m.D*4, m.stack([]gpu.Frame{frame("_init_group", torchDir+"optim/adam.py", 170)}, optStep), RoleOptimizerState)
+				if err != nil {
+					return err
+				}
+				adam[p.name+s] = a
+			}
+		}
+		tmp, err := m.malloc(p.size/m.D*4, m.stack([]gpu.Frame{frame("_multi_tensor_adam", torchDir+"optim/adam.py", 593),
+			frame("adam", torchDir+"optim/adam.py", 935)}, optStep), RoleTemporary)
+		if err != nil {
+			return err
+		}
+		env.Clock.Advance(int64(p.size / 65536))
+		if err := env.free(tmp); err != nil {
+			return err
+		}
+	}
+	env.end()
+	env.begin("Optimizer.zero_grad#Adam.zero_grad")
+	defer env.end()
+	return grads.freeAll(env) // set_to_none=True
 }
 
 // mult is an activation's size in units of batch x seq x hidden.

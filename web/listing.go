@@ -12,6 +12,7 @@ import (
 // filters (name, source, status), order (sort, asc) and page (from 1).
 type Listing struct {
 	Traces []gpu.Trace
+	Runs   map[string]RunRow // by the id of the trace a run is listed as
 	Total  int
 	Page   int
 	Per    int
@@ -109,3 +110,35 @@ var (
 	Sources  = []gpu.TraceSource{gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay}
 	Statuses = []gpu.TraceStatus{gpu.StatusLive, gpu.StatusComplete, gpu.StatusIncomplete, gpu.StatusFailed}
 )
+
+// RunRow is a run as one row of the list: its ranks folded under it, its
+// peaks the highest of any rank's, its OOMs the sum of theirs.
+type RunRow struct {
+	Run                         gpu.Run
+	Worst                       gpu.Trace // the trace listed for it: the one that peaked highest
+	WorstRank                   int
+	PeakReserved, PeakAllocated uint64
+	OOMs                        int64
+	FirstOOM                    string // the id of a trace that ran out of memory, "" for none
+	Traces                      int
+}
+
+// NewRunRow sums up run, listed as its trace worst.
+func NewRunRow(run gpu.Run, worst gpu.Trace) RunRow {
+	row := RunRow{Run: run, Worst: worst}
+	for _, rk := range run.Ranks {
+		for _, t := range rk.Traces {
+			row.Traces++
+			row.PeakReserved = max(row.PeakReserved, t.PeakReserved)
+			row.PeakAllocated = max(row.PeakAllocated, t.PeakAllocated)
+			row.OOMs += t.OOMs
+			if t.OOMs > 0 && row.FirstOOM == "" {
+				row.FirstOOM = t.ID
+			}
+			if t.ID == worst.ID {
+				row.WorstRank = rk.Rank
+			}
+		}
+	}
+	return row
+}

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -39,21 +40,33 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
 	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
+	run := fs.String("run", "", "import the FILES (a folder: the files in it) as the ranks of one run of this name, on every core")
+	ranks := fs.String("ranks", "", "with --run: the files' ranks in order, as 0,1,2,... (default: from the names, user_metadata, or the files' order)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope import FILE [--name N] [--db PATH] [--device N] [--dry-run] [--json]")
+		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER... [--ranks 0,1,...] [--db PATH] [--json]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return usagef("want one FILE, got %d arguments", len(pos))
-	}
-	path := pos[0]
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(pytorch.ImportGCPercent)
 	}
+	if *run != "" {
+		if flagSet(fs, "device") || *dryRun || *name != "" {
+			return usagef("--run imports every device of every file: not with --device, --dry-run or --name")
+		}
+		return importRun(*run, pos, *ranks, *dbPath, *addr, *asJSON, stdout)
+	}
+	if *ranks != "" {
+		return usagef("--ranks goes with --run")
+	}
+	if len(pos) != 1 {
+		return usagef("want one FILE, got %d arguments (several files are the ranks of a run: --run NAME)", len(pos))
+	}
+	path := pos[0]
 	f, err := os.Open(path)
 	if err != nil {
 		return inputError{err}
@@ -76,9 +89,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	}
 	out := make([]importFigures, len(chosen))
 	for i, t := range chosen {
-		fg := t.Final.Figures()
-		out[i] = importFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
-			Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
+		out[i] = figuresOf(t)
 		for _, m := range t.Mismatches {
 			fmt.Fprintf(stderr, "vramscope import: device %d: %v\n", t.Device, &m)
 		}
@@ -107,13 +118,86 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(map[string]any{"devices": out})
 	}
 	for _, o := range out {
-		fmt.Fprintf(stdout, "device %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
-			o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
-		if o.TraceID != "" {
-			fmt.Fprintf(stdout, ", trace %s: %s/traces/%s", o.TraceID, *addr, o.TraceID)
-		}
-		fmt.Fprintln(stdout)
+		o.print(stdout, "", *addr)
 	}
+	return nil
+}
+
+func figuresOf(t *pytorch.Trace) importFigures {
+	fg := t.Final.Figures()
+	return importFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
+		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
+}
+
+func (o importFigures) print(w io.Writer, prefix, addr string) {
+	fmt.Fprintf(w, "%sdevice %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
+		prefix, o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
+	if o.TraceID != "" {
+		fmt.Fprintf(w, ", trace %s: %s/traces/%s", o.TraceID, addr, o.TraceID)
+	}
+	fmt.Fprintln(w)
+}
+
+// runRankJSON is one rank of import --run --json.
+type runRankJSON struct {
+	Rank    int             `json:"rank"`
+	File    string          `json:"file"`
+	Devices []importFigures `json:"devices"`
+}
+
+// importRun imports files (folders stand for their files) as one run.
+func importRun(name string, args []string, rankList, dbPath, addr string, asJSON bool, stdout io.Writer) error {
+	if len(args) == 0 {
+		return usagef("--run wants the FILES (or a FOLDER) of its ranks")
+	}
+	paths, err := ingest.SnapshotFiles(args)
+	if err != nil {
+		return inputError{err}
+	}
+	src := ingest.Files(paths)
+	if rankList != "" {
+		ranks, err := ingest.ParseRanks(rankList)
+		if err != nil {
+			return usagef("--ranks: %v", err)
+		}
+		if len(ranks) != len(paths) {
+			return usagef("--ranks gives %d ranks for %d files", len(ranks), len(paths))
+		}
+		src = ingest.WithRanks(src, ranks)
+	}
+	db, err := store.Open(dbPath)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	run, got, err := ingest.Run(context.Background(), db, name, src, pytorch.Options{})
+	var ie *ingest.InputError
+	if errors.As(err, &ie) {
+		return inputError{err}
+	}
+	if err != nil {
+		return err
+	}
+	out := make([]runRankJSON, len(got))
+	for i, r := range got {
+		out[i] = runRankJSON{Rank: r.Rank, File: r.Name}
+		for j, t := range r.Devices {
+			f := figuresOf(t)
+			f.TraceID = r.Traces[j]
+			out[i].Devices = append(out[i].Devices, f)
+		}
+	}
+	if asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(map[string]any{"run": run, "ranks": out})
+	}
+	for _, r := range out {
+		for _, d := range r.Devices {
+			d.print(stdout, fmt.Sprintf("rank %d (%s) ", r.Rank, r.File), addr)
+		}
+	}
+	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
 	return nil
 }
 

@@ -35,6 +35,12 @@ type recording struct {
 	Source   gpu.TraceSource
 	Live     string // also stream to the server at this URL (live watching)
 	Token    string // the server's token, for Live
+	// Run, when set, makes the recording rank Rank of that stored run
+	// (and, with Live, of the run named RunName on the server).
+	Run     string
+	Rank    int
+	RunName string
+	World   int
 }
 
 type recorded struct {
@@ -178,7 +184,12 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if source == "" {
 		source = gpu.SourceTrace
 	}
-	upload, err := ingest.RunUpload(db, rec.Name, cfg.String(), cfg.Rules)
+	up, err := ingest.RecordedUpload(rec.Name, cfg.String(), cfg.Rules)
+	if err != nil {
+		return out, err
+	}
+	up.Run, up.Rank = rec.Run, rec.Rank
+	upload, err := db.CreateUpload(up)
 	if err != nil {
 		return out, err
 	}
@@ -194,6 +205,9 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	if rec.Live != "" {
 		opt := live.ClientOptions{Meta: meta}
 		opt.Meta.Upload = "" // the upload is this database's
+		if rec.Run != "" {
+			opt.Run = &live.RunJoin{Name: rec.RunName, Rank: rec.Rank, WorldSize: rec.World}
+		}
 		if len(initial.Segments) > 0 {
 			if opt.Snapshot, err = json.Marshal(map[string]any{"segments": segmentsJSON(initial.Segments)}); err != nil {
 				w.Abort()

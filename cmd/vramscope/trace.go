@@ -3,11 +3,15 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"os/signal"
+	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 
 	"vramscope/gpu"
 	"vramscope/replay"
@@ -58,6 +62,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	fs.IntVar(&serve.MaxBatch, "max-batch", serve.MaxBatch, "serve-kv: requests decoded together")
 	fs.IntVar(&serve.MaxPrompt, "max-prompt", serve.MaxPrompt, "serve-kv: longest prompt, tokens")
 	fs.IntVar(&serve.MaxOutput, "max-output", serve.MaxOutput, "serve-kv: longest output, tokens")
+	ranks := fs.Int("ranks", 0, "train: a job of this many ranks (one trace each, stored as one run), run on every core")
+	parallel := fs.String("parallel", tracer.PipelineParallel, "with --ranks: pp (pipeline stages, the first holds the most micro-batches) or dp (data parallel, batches of varying length)")
+	micro := fs.Int("micro-batches", 0, "with --ranks and pp: micro-batches per step (default: twice the ranks); --batch is a micro-batch's size")
 	frag := tracer.DefaultFrag()
 	fs.Float64Var(&frag.Fill, "fill", frag.Fill, "frag: share of the device the big tensors fill")
 	fs.Usage = func() {
@@ -113,12 +120,25 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if len(pos) > 0 {
 		return usagef("unexpected arguments %v", pos)
 	}
+	var job *tracer.Parallel
+	if flagSet(fs, "ranks") {
+		job = &tracer.Parallel{Train: train, Ranks: *ranks, Mode: *parallel, MicroBatches: *micro}
+		if *workload != "train" {
+			return usagef("--ranks runs the train workload, not %s", *workload)
+		}
+		if err := job.Check(); err != nil {
+			return usagef("--ranks: %v", err)
+		}
+	}
 	capBytes, err := gpu.ParseBytes(*capacity)
 	if err != nil {
 		return usagef("--capacity: %v", err)
 	}
 	if *name == "" {
 		*name = *workload
+		if job != nil {
+			*name += fmt.Sprintf(" %s×%d", job.Mode, job.Ranks)
+		}
 		if *conf != "" {
 			*name += " (" + *conf + ")"
 		}
@@ -134,7 +154,11 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if *quiet {
 		progress = nil
 	}
-	res, err := record(ctx, db, recording{Name: *name, Workload: w, Replay: rs, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}, progress)
+	rec := recording{Name: *name, Workload: w, Replay: rs, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}
+	if job != nil {
+		return recordRun(ctx, db, rec, *job, *addr, stdout)
+	}
+	res, err := record(ctx, db, rec, progress)
 	if err != nil {
 		return err
 	}
@@ -160,4 +184,57 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "incident %d: %s/p/%s\n", in.N, *addr, token)
 	}
 	return res.Err
+}
+
+// recordRun records every rank of job as one run, ranks in parallel on
+// every core, each its own device and trace, and prints a line per rank
+// and the run's page.
+func recordRun(ctx context.Context, db *store.DB, rec recording, job tracer.Parallel, addr string, stdout io.Writer) error {
+	run, err := db.CreateRun(rec.Name, job.Ranks)
+	if err != nil {
+		return err
+	}
+	results := make([]recorded, job.Ranks)
+	errs := make([]error, job.Ranks)
+	next := make(chan int)
+	var wg sync.WaitGroup
+	for range min(runtime.NumCPU(), job.Ranks) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range next {
+				one := rec
+				one.Name, one.Workload = fmt.Sprintf("%s rank %d", rec.Name, r), job.Rank(r)
+				one.Run, one.Rank, one.RunName, one.World = run, r, rec.Name, job.Ranks
+				results[r], errs[r] = record(ctx, db, one, nil)
+				if errs[r] == nil {
+					errs[r] = results[r].Err
+				}
+			}
+		}()
+	}
+	for r := range job.Ranks {
+		next <- r
+	}
+	close(next)
+	wg.Wait()
+	for r, res := range results {
+		if errs[r] != nil {
+			fmt.Fprintf(stdout, "rank %d: %v\n", r, errs[r])
+			continue
+		}
+		t := res.Trace
+		fmt.Fprintf(stdout, "rank %d: trace %s, %d events, peak allocated %s", r, t.ID, t.Events, gpu.FormatBytes(t.PeakAllocated))
+		for _, o := range res.OOMs {
+			fmt.Fprintf(stdout, ", OOM: %s", o.Message)
+		}
+		fmt.Fprintln(stdout)
+		for _, n := range res.Notes {
+			if strings.HasPrefix(n, "live: ") {
+				fmt.Fprintf(stdout, "rank %d %s\n", r, n)
+			}
+		}
+	}
+	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
+	return errors.Join(errs...)
 }

@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -60,13 +62,37 @@ func OpenDB(tb testing.TB) *store.DB {
 // change the workload's environment first (a test's Env.Role hook).
 func Record(tb testing.TB, db *store.DB, name string, w tracer.Workload, capacity uint64, conf string, setup ...func(*tracer.Env)) string {
 	tb.Helper()
+	return record(tb, db, name, "", w, capacity, conf, setup...)
+}
+
+// RecordRun records every rank of job as Record does, each rank an upload
+// of one run named name, and returns the run's id.
+func RecordRun(tb testing.TB, db *store.DB, name string, job tracer.Parallel, capacity uint64) string {
+	tb.Helper()
+	run, err := db.CreateRun(name, job.Ranks)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for r := range job.Ranks {
+		rank := fmt.Sprintf("%s rank %d", name, r)
+		up, err := db.CreateUpload(gpu.Upload{Name: rank, Top: "{}", Run: run, Rank: r})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		record(tb, db, rank, up, job.Rank(r), capacity, "")
+	}
+	return run
+}
+
+func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload, capacity uint64, conf string, setup ...func(*tracer.Env)) string {
+	tb.Helper()
 	cfg, err := caching.ParseConfig(conf)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	dev := sim.New(capacity, sim.WithName("Simulated GPU"))
 	wr, err := db.CreateTrace(gpu.TraceMeta{Name: name, Source: gpu.SourceTrace, DeviceName: dev.Name(),
-		Capacity: capacity, Settings: cfg.String()}, gpu.NewLayout(cfg.Rules))
+		Capacity: capacity, Settings: cfg.String(), Upload: upload}, gpu.NewLayout(cfg.Rules))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -158,4 +184,29 @@ func RMMLog(reqs []replay.Request) string {
 		fmt.Fprintf(&b, "1,10:00:00.%06d,%s,%#x,%d,0x0\n", i, action, 0x7f0000000000+r.ID<<24, sizes[r.ID])
 	}
 	return b.String()
+}
+
+// SyntheticSnapshot returns a synthetic PyTorch snapshot of about events
+// trace entries (450k make ~100 MB), made once with python3
+// (pytorch/testdata/gen_synthetic.py) and kept in the temp dir, never
+// committed. The test is skipped without python3.
+func SyntheticSnapshot(tb testing.TB, events int) string {
+	tb.Helper()
+	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-synthetic-%d.pickle", events))
+	if _, err := os.Stat(path); err == nil {
+		return path
+	}
+	if _, err := exec.LookPath("python3"); err != nil {
+		tb.Skip("python3 is needed to make the synthetic snapshot")
+	}
+	_, here, _, _ := runtime.Caller(0)
+	gen := filepath.Join(filepath.Dir(here), "..", "..", "pytorch", "testdata", "gen_synthetic.py")
+	out, err := exec.Command("python3", gen, path+".tmp", strconv.Itoa(events)).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("gen_synthetic.py: %v\n%s", err, out)
+	}
+	if err := os.Rename(path+".tmp", path); err != nil {
+		tb.Fatal(err)
+	}
+	return path
 }

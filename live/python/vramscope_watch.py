@@ -2,6 +2,7 @@
 
     import vramscope_watch
     vramscope_watch.watch("http://127.0.0.1:8080")     # token=... when the server has one
+    vramscope_watch.watch(url, run="job-42")           # every rank of a job: one run
 
 watch() turns on PyTorch's memory-history recording, and a background thread
 sends the new trace entries to the server every few hundred milliseconds over
@@ -48,6 +49,36 @@ def _snapshot():
     import torch
 
     return torch.cuda.memory._snapshot()
+
+
+def _dist_rank():
+    """This process's rank and world size: torch.distributed's once it is
+    initialised, else torchrun's RANK and WORLD_SIZE, else (None, 0)."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except Exception:
+        pass
+    try:
+        rank = int(os.environ["RANK"])
+    except (KeyError, ValueError):
+        return None, 0
+    try:
+        return rank, int(os.environ.get("WORLD_SIZE", "0"))
+    except ValueError:
+        return rank, 0
+
+
+def _run_name():
+    """The run the ranks of this job share by default: $VRAMSCOPE_RUN, or
+    torchrun's rendezvous id ($TORCHELASTIC_RUN_ID) when it has one."""
+    name = os.environ.get("VRAMSCOPE_RUN")
+    if name:
+        return name
+    rdzv = os.environ.get("TORCHELASTIC_RUN_ID", "")
+    return rdzv if rdzv and rdzv != "none" else None
 
 
 def _current_device():
@@ -176,12 +207,26 @@ class Watcher:
     TAIL = 16  # entries remembered to find where the sent ones end
 
     def __init__(self, url, token=None, device=None, interval=0.3, name=None, max_entries=100000,
-                 snapshot=_snapshot, start_recording=_start_recording, out=sys.stderr):
+                 snapshot=_snapshot, start_recording=_start_recording, out=sys.stderr,
+                 run=None, rank=None, world_size=None):
         self.base = url.rstrip("/")
         self.token = token if token is not None else os.environ.get("VRAMSCOPE_TOKEN")
         self.device = _current_device() if device is None else device
         self.interval = interval
-        self.name = name or "%s (cuda:%d)" % (os.path.basename(sys.argv[0] or "python"), self.device)
+        # The run this trace is a rank of: every rank of a job names the
+        # same run and the server groups them.
+        self.run = run if run is not None else _run_name()
+        dist_rank, dist_world = _dist_rank()
+        self.rank = rank if rank is not None else dist_rank
+        self.world_size = world_size if world_size is not None else dist_world
+        if self.run is not None and self.rank is None:
+            self.rank = 0
+        if self.run is None and rank is not None:
+            raise ValueError("vramscope: rank= needs run=, the name every rank of the job gives")
+        prog = os.path.basename(sys.argv[0] or "python")
+        if self.run is not None:
+            prog = "%s rank %d" % (prog, self.rank)
+        self.name = name or "%s (cuda:%d)" % (prog, self.device)
         self.max_entries = max_entries
         self._snapshot = snapshot
         self._start_recording = start_recording
@@ -215,6 +260,8 @@ class Watcher:
             initial["allocator_settings"] = snap["allocator_settings"]
         self.hello = {"type": "hello", "meta": {"name": self.name, "device_ordinal": self.device,
                                                 "device_name": "cuda:%d" % self.device}, "snapshot": initial}
+        if self.run is not None:
+            self.hello["run"] = {"name": self.run, "rank": self.rank, "world_size": self.world_size or 0}
 
     def _entries(self, snap):
         traces = snap.get("device_traces") or []
@@ -430,5 +477,10 @@ class Watcher:
 
 def watch(url, token=None, **kw):
     """Starts watching this process's CUDA memory; returns the Watcher
-    (close() ends the trace; it also ends when the process exits)."""
+    (close() ends the trace; it also ends when the process exits).
+
+    In a job of several ranks, run="NAME" (or $VRAMSCOPE_RUN, or torchrun's
+    rendezvous id) makes every rank's trace part of one run on the server;
+    rank= and world_size= default to torch.distributed's, else to $RANK and
+    $WORLD_SIZE."""
     return Watcher(url, token=token, **kw).start()

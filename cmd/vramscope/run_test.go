@@ -1,0 +1,119 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"testing"
+
+	"vramscope/internal/testkit"
+	"vramscope/store"
+)
+
+// trace --ranks stores one run of a trace per rank; the first pipeline
+// stage peaks.
+func TestTraceRanksIsARun(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "v.db")
+	code, out, errs := runCmd("trace", "--ranks", "4", "--layers", "8",
+		"--steps", "2", "--db", db)
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errs, out)
+	}
+	m := regexp.MustCompile(`run (\S+): \S+/runs/(\S+)`).FindStringSubmatch(out)
+	if m == nil || m[1] != m[2] {
+		t.Fatalf("no run line in\n%s", out)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	r, err := s.Run(m[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.WorldSize != 4 || len(r.Ranks) != 4 || r.Name != "train pp×4" {
+		t.Fatalf("run %+v", r)
+	}
+	var peaks []uint64
+	for i, rk := range r.Ranks {
+		if rk.Rank != i || len(rk.Traces) != 1 || rk.Traces[0].Events == 0 {
+			t.Fatalf("rank %d: %+v", i, rk)
+		}
+		peaks = append(peaks, rk.Traces[0].PeakAllocated)
+	}
+	if slices.Index(peaks, slices.Max(peaks)) != 0 {
+		t.Errorf("peaks by rank %v", peaks)
+	}
+	if code, _, errs := runCmd("trace", "--ranks", "2", "--workload", "frag", "--db", db); code != 2 {
+		t.Errorf("--ranks with frag: exit %d: %s", code, errs)
+	}
+	if code, _, errs := runCmd("trace", "--ranks", "2", "--parallel", "tp", "--db", db); code != 2 {
+		t.Errorf("--parallel tp: exit %d: %s", code, errs)
+	}
+}
+
+// import --run: a folder of rank files is one run; --json says each
+// rank's devices and traces.
+func TestImportRun(t *testing.T) {
+	dir := t.TempDir()
+	for rank, real := range []string{"snapshot_action_entry.pickle", "expandable_oom_multigpu.pickle"} {
+		b, err := os.ReadFile(testkit.Snapshot(t, real))
+		if err != nil {
+			t.Fatal(err)
+		}
+		sub := filepath.Join(dir, "job", fmt.Sprintf("rank%d", rank))
+		os.MkdirAll(sub, 0o755)
+		if err := os.WriteFile(filepath.Join(sub, "snapshot.pickle"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := filepath.Join(dir, "v.db")
+	code, out, errs := runCmd("import", "--run", "job", filepath.Join(dir, "job"), "--db", db, "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		Run   string `json:"run"`
+		Ranks []struct {
+			Rank    int    `json:"rank"`
+			File    string `json:"file"`
+			Devices []struct {
+				Device  int    `json:"device"`
+				OOMs    int    `json:"ooms"`
+				TraceID string `json:"trace_id"`
+			} `json:"devices"`
+		} `json:"ranks"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Ranks) != 2 || res.Ranks[1].Rank != 1 || len(res.Ranks[1].Devices) != 3 || res.Ranks[1].Devices[1].OOMs != 1 ||
+		!strings.HasSuffix(res.Ranks[0].File, filepath.Join("rank0", "snapshot.pickle")) {
+		t.Fatalf("%+v", res)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Run(res.Run)
+	s.Close()
+	if err != nil || len(r.Ranks) != 2 || r.Ranks[1].Traces[1].ID != res.Ranks[1].Devices[1].TraceID {
+		t.Fatalf("run %+v, %v", r, err)
+	}
+	for _, bad := range [][]string{
+		{"import", filepath.Join(dir, "job", "rank0", "snapshot.pickle"), filepath.Join(dir, "job", "rank1", "snapshot.pickle")},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0"},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0,b"},
+		{"import", "--run", "x", filepath.Join(dir, "job"), "--device", "1"},
+		{"import", "--run", "x", filepath.Join(dir, "nonesuch")},
+	} {
+		if code, _, errs := runCmd(append(bad, "--db", db)...); code != 2 {
+			t.Errorf("%v: exit %d: %s", bad, code, errs)
+		}
+	}
+}

@@ -1,0 +1,253 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime"
+	"slices"
+	"sort"
+	"sync"
+
+	"vramscope/pytorch"
+	"vramscope/store"
+)
+
+// RunFile is one snapshot of a run: a rank's file.
+type RunFile struct {
+	// Name is its name or path; a rank in it ("rank3.pickle",
+	// "rank3/snapshot.pickle") is the file's rank unless Rank says one.
+	Name string
+	R    io.Reader
+	// Rank is the file's rank when it is given, else -1: then its name
+	// says it, else its user_metadata, else its place among the files.
+	Rank int
+	// Close, when set, is called once the file has been read.
+	Close func() error
+}
+
+// RunSource hands out the files of a run one at a time: Next returns
+// io.EOF after the last. Concurrent says whether a file may still be read
+// after Next returns the following one (files on disk); a stream's files
+// (a tar, a multipart form) are read one after another.
+type RunSource interface {
+	Next() (RunFile, error)
+	Concurrent() bool
+}
+
+// RunRank is one file of an imported run: its rank, name, decoded
+// devices and their traces (by device, as in Devices).
+type RunRank struct {
+	Rank    int
+	Name    string
+	Devices []*pytorch.Trace
+	Traces  []string
+}
+
+// Run decodes and stores the files of src as the ranks of a new run named
+// name and returns the run's id and its ranks, by rank. Files are decoded
+// and stored on every core: files on disk side by side, a stream's one
+// after another, each stored while the next is decoded. It is all or
+// nothing: readers see no trace until every rank is stored, and on an
+// error (naming the file), or when ctx ends, nothing is kept. Errors are
+// those of Snapshot; two files of one rank are an InputError.
+func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	opt.Context = ctx
+	var (
+		mu      sync.Mutex // guards src, files, stages and first
+		turn    sync.Mutex // a stream's files are decoded one at a time
+		files   []RunRank
+		stages  []*staged
+		places  []int // each file's place, and whether its rank was found
+		found   []bool
+		first   error
+		ended   bool // Next said io.EOF: a source is not asked again
+		wg      sync.WaitGroup
+		workers = max(1, runtime.NumCPU())
+	)
+	fail := func(err error) {
+		mu.Lock()
+		if first == nil {
+			first = err
+			cancel(err)
+		}
+		mu.Unlock()
+	}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				if !src.Concurrent() {
+					turn.Lock()
+				}
+				mu.Lock()
+				f, err := RunFile{}, io.EOF
+				if !ended {
+					f, err = src.Next()
+				}
+				ended = ended || err == io.EOF
+				place := len(files)
+				if err == nil {
+					files = append(files, RunRank{Name: f.Name, Rank: f.Rank})
+					stages, places, found = append(stages, nil), append(places, place), append(found, f.Rank >= 0)
+				}
+				stop := first != nil
+				mu.Unlock()
+				if err != nil || stop {
+					if !src.Concurrent() {
+						turn.Unlock()
+					}
+					if err != nil && err != io.EOF {
+						fail(err)
+					}
+					if err == nil && f.Close != nil {
+						f.Close()
+					}
+					return
+				}
+				traces, err := decodeRankFile(f, opt)
+				if !src.Concurrent() {
+					turn.Unlock()
+				}
+				if err != nil {
+					fail(err)
+					return
+				}
+				rank, ok := f.Rank, f.Rank >= 0
+				if !ok {
+					rank, _, ok = RankOfName(f.Name)
+				}
+				if !ok {
+					rank, ok = RankOfMetadata(userMetadata(traces))
+				}
+				s, err := stage(ctx, db, traces, baseName(f.Name))
+				if err != nil {
+					fail(fileError(f.Name, err))
+					return
+				}
+				mu.Lock()
+				files[place].Rank, files[place].Devices, found[place], stages[place] = rank, traces, ok, s
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	abort := func(err error) (string, []RunRank, error) {
+		for _, s := range stages {
+			if s != nil {
+				s.abort()
+			}
+		}
+		return "", nil, err
+	}
+	if first != nil {
+		return abort(first)
+	}
+	if len(files) == 0 {
+		return abort(&InputError{errors.New("the run holds no snapshot")})
+	}
+	// Files whose rank nothing said take their place in the list.
+	world := 0
+	for i := range files {
+		if !found[i] {
+			files[i].Rank = places[i]
+		}
+		if _, w, ok := RankOfName(files[i].Name); ok && files[i].Rank < w {
+			world = max(world, w)
+		}
+	}
+	if err := distinctRanks(files); err != nil {
+		return abort(err)
+	}
+	ups := make([]store.StagedUpload, len(files))
+	for i, s := range stages {
+		s.Upload.Rank = files[i].Rank
+		ups[i] = store.StagedUpload(*s)
+		files[i].Traces = s.traceIDs()
+	}
+	run, err := db.PublishRun(name, world, ups)
+	if err != nil {
+		return abort(err)
+	}
+	sort.Slice(files, func(i, j int) bool { return files[i].Rank < files[j].Rank })
+	return run, files, nil
+}
+
+// decodeRankFile decodes one file of a run and picks its devices.
+func decodeRankFile(f RunFile, opt pytorch.Options) ([]*pytorch.Trace, error) {
+	if f.Close != nil {
+		defer f.Close()
+	}
+	traces, err := pytorch.DecodeWith(f.R, opt)
+	if err == nil {
+		traces, err = pytorch.Devices(traces, -1)
+	}
+	if err != nil {
+		return nil, fileError(f.Name, decodeError(err, opt))
+	}
+	return traces, nil
+}
+
+// decodeError is err as Snapshot returns it: the reader's, limits and the
+// context's end as they are, the rest the file's fault.
+func decodeError(err error, opt pytorch.Options) error {
+	var mbe *http.MaxBytesError
+	var le *pytorch.LimitError
+	var ie *InputError
+	if errors.As(err, &mbe) || errors.As(err, &le) || errors.As(err, &ie) || opt.Context != nil && opt.Context.Err() != nil {
+		return err
+	}
+	return &InputError{err}
+}
+
+// fileError says which file of a run err is about, keeping its kind.
+func fileError(name string, err error) error {
+	var ie *InputError
+	if errors.As(err, &ie) {
+		return &InputError{fmt.Errorf("%s: %w", name, ie.Err)}
+	}
+	return fmt.Errorf("%s: %w", name, err)
+}
+
+// distinctRanks refuses two files of one rank, naming them.
+func distinctRanks(files []RunRank) error {
+	by := map[int]string{}
+	for _, f := range files {
+		if other, ok := by[f.Rank]; ok {
+			return &InputError{fmt.Errorf("rank %d twice: %s and %s (name the files by rank, or give the ranks)", f.Rank, other, f.Name)}
+		}
+		by[f.Rank] = f.Name
+	}
+	return nil
+}
+
+// userMetadata lists the distinct user_metadata texts of decoded traces.
+func userMetadata(traces []*pytorch.Trace) []string {
+	var out []string
+	for _, t := range traces {
+		for _, x := range t.Extras {
+			if x.UserMetadata != "" && !slices.Contains(out, x.UserMetadata) {
+				out = append(out, x.UserMetadata)
+			}
+		}
+	}
+	return out
+}
+
+// baseName is a path's last element, / or \ separated.
+func baseName(name string) string {
+	for i := len(name) - 1; i >= 0; i-- {
+		if name[i] == '/' || name[i] == '\\' {
+			return name[i+1:]
+		}
+	}
+	return name
+}
