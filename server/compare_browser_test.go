@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
 )
 
@@ -39,11 +40,9 @@ func TestBrowserCompare(t *testing.T) {
 	}
 
 	// A click on the plot compares that instant.
-	within(t, ctx, "click", chromedp.Evaluate[bool](`(() => {
-		const c = document.getElementById("cmp-timeline"), r = c.getBoundingClientRect();
-		c.dispatchEvent(new MouseEvent("click", {clientX: r.left + r.width / 2, clientY: r.top + 150, bubbles: true}));
-		return true;
-	})()`))
+	box := within(t, ctx, "plot box", chromedp.Evaluate[map[string]float64](
+		`(() => { const r = document.getElementById("cmp-timeline").getBoundingClientRect(); return {x: r.left, y: r.top, w: r.width}; })()`))
+	within(t, ctx, "click", chromedp.MouseClickXY(box["x"]+box["w"]/2, box["y"]+150))
 	waitFor(t, ctx, "the chosen instant", `location.search.includes("at=") && document.querySelector('[data-moment="at"]')?.classList.contains("active") && document.getElementById("compare").dataset.ready === "1"`)
 	loc := within(t, ctx, "location", chromedp.Location())
 	if !strings.Contains(loc, "align=step") || !strings.Contains(loc, "m=at") {
@@ -57,13 +56,54 @@ func TestBrowserCompare(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "compare-training-at")
 
+	// A drag zooms: the window is in the URL and the answer covers it.
+	x0, x1 := box["x"]+300, box["x"]+700
+	for _, step := range []struct {
+		typ input.DispatchMouseEventType
+		x   float64
+	}{{input.DispatchMouseEventTypeMousePressed, x0}, {input.DispatchMouseEventTypeMouseMoved, (x0 + x1) / 2},
+		{input.DispatchMouseEventTypeMouseMoved, x1}, {input.DispatchMouseEventTypeMouseReleased, x1}} {
+		within(t, ctx, "drag", chromedp.MouseEvent(step.typ, step.x, box["y"]+150, func(e *input.DispatchMouseEventParams) {
+			e.Button, e.Buttons = input.MouseButtonLeft, 1
+		}))
+	}
+	waitFor(t, ctx, "the zoomed window", `location.search.includes("x0=") && document.getElementById("compare").dataset.ready === "1" && comparePage.page.data.timeline.x0 === comparePage.page.x0 - comparePage.page.x0 % 1`)
+	if hidden := within(t, ctx, "whole button", chromedp.Evaluate[bool](`document.getElementById("reset").hidden`)); hidden {
+		t.Error("no way back to the whole traces")
+	}
+	screenshot(t, ctx, dir, "compare-training-zoomed")
+
 	// Grouped by category, step alignment of a trace without steps falls
 	// back to time and says so.
 	within(t, ctx, "self", chromedp.Navigate(fmt.Sprintf("%s/compare/%s/%s?align=step&group=category", f.srv.URL, f.id, with)))
 	waitFor(t, ctx, "the comparison", `document.getElementById("compare").dataset.ready === "1"`)
 	note := within(t, ctx, "note", chromedp.Text(`#align-note`))
-	if !strings.Contains(note, "trace A has no step annotations") {
+	if note != "Trace A has no step annotations (ProfilerStep#N): aligned by time." {
 		t.Errorf("note %q", note)
 	}
 	screenshot(t, ctx, dir, "compare-no-steps")
+}
+
+// Two real snapshots (cs336 training runs of two models) compared: the
+// page shows the API's top row at the largest divergence.
+func TestBrowserCompareRealSnapshots(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{})
+	dir := shotDir(t)
+	a := uploadFile(t, f, "training_22k_user_metadata.pickle").Traces[0].ID
+	b := uploadFile(t, f, "uint64_line_annotations.pickle").Traces[0].ID
+	r := compareAnswer(t, f, a, b, "")
+	want := moment(t, r, "divergence").Rows[0].Label
+
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/compare/"+a+"/"+b+"?m=divergence"))
+	waitFor(t, ctx, "the comparison", `document.getElementById("compare").dataset.ready === "1"`)
+	screenshot(t, ctx, dir, "compare-real")
+	top := within(t, ctx, "top row", chromedp.Evaluate[string](`document.querySelector("#delta tbody tr td").textContent`))
+	if top != want {
+		t.Errorf("page's top row %q, the API's %q", top, want)
+	}
+	within(t, ctx, "group by stack", chromedp.SetValue(`#group`, "stack"))
+	within(t, ctx, "change", chromedp.Evaluate[bool](`document.getElementById("group").dispatchEvent(new Event("change")) || true`))
+	waitFor(t, ctx, "by stack", `location.search.includes("group=stack") && document.getElementById("compare").dataset.ready === "1"`)
+	screenshot(t, ctx, dir, "compare-real-stack")
 }

@@ -23,9 +23,13 @@ const page = {
   group: GROUPS.includes(q.get("group")) ? q.get("group") : "frame",
   at: queryNum(q, "at"),
   moment: q.get("m") || null, // the moment shown: peak_a, peak_b, divergence, at
+  x0: queryNum(q, "x0"), // the window of the aligned axis; null: both traces whole
+  x1: queryNum(q, "x1"),
   data: null,
   hoverX: null,
+  drag: null, // {a, b} in canvas pixels while dragging
 };
+if (!(page.x0 !== null && page.x1 > page.x0)) page.x0 = page.x1 = null;
 
 const frames = new FrameScheduler((f) => {
   if (f.take("draw")) draw();
@@ -37,6 +41,7 @@ function saveURL() {
   if (page.group !== "frame") p.set("group", page.group);
   if (page.at !== null) p.set("at", Math.round(page.at));
   if (page.moment) p.set("m", page.moment);
+  if (page.x0 !== null) { p.set("x0", Math.floor(page.x0)); p.set("x1", Math.ceil(page.x1)); }
   const s = p.toString();
   history.replaceState(null, "", s ? "?" + s : location.pathname);
 }
@@ -52,6 +57,7 @@ async function load() {
   status.textContent = "Comparing…";
   const p = new URLSearchParams({ align: page.align, group: page.group, n: Math.max(50, Math.min(4000, Math.floor(plotWidth()))) });
   if (page.at !== null) p.set("at", Math.round(page.at));
+  if (page.x0 !== null) { p.set("x0", Math.floor(page.x0)); p.set("x1", Math.ceil(page.x1)); }
   try {
     const d = await api(`/api/compare/${A}/${B}?${p}`, { signal: ac.signal });
     if (ac.signal.aborted) return;
@@ -274,6 +280,11 @@ function draw() {
     ctx.fillText(label, lx + 2, TOP + 12 + row * 14);
   }
 
+  if (page.drag) {
+    ctx.fillStyle = pal.brush;
+    ctx.fillRect(Math.min(page.drag.a, page.drag.b), TOP, Math.abs(page.drag.b - page.drag.a), plotH);
+  }
+  document.getElementById("reset").hidden = page.x0 === null;
   if (page.hoverX !== null) {
     ctx.strokeStyle = pal.cursor;
     ctx.lineWidth = 1;
@@ -299,6 +310,11 @@ canvas.addEventListener("pointermove", (e) => {
   const d = page.data;
   if (!d) return;
   const p = pointer(e);
+  if (page.drag) {
+    page.drag.b = Math.max(LEFT, Math.min(p.x, LEFT + plotWidth()));
+    frames.request("draw");
+    return;
+  }
   if (p.x < LEFT || p.x > LEFT + plotWidth()) { page.hoverX = null; tip.hidden = true; frames.request("draw"); return; }
   page.hoverX = p.x;
   const tl = d.timeline, c = Math.min(tl.n - 1, Math.max(0, Math.floor((p.x - LEFT) / (plotWidth() / tl.n))));
@@ -315,21 +331,40 @@ canvas.addEventListener("pointermove", (e) => {
   frames.request("draw");
 });
 canvas.addEventListener("pointerleave", () => { page.hoverX = null; tip.hidden = true; frames.request("draw"); });
-canvas.addEventListener("click", (e) => {
-  if (!page.data) return;
+canvas.addEventListener("pointerdown", (e) => {
   const p = pointer(e);
-  if (p.x < LEFT || p.x > LEFT + plotWidth()) return;
-  page.at = Math.round(xAt(p.x));
+  if (!page.data || p.x < LEFT || p.x > LEFT + plotWidth()) return;
+  page.drag = { a: p.x, b: p.x };
+  canvas.setPointerCapture(e.pointerId);
+});
+// A click compares the instant under it; a drag zooms to the range.
+canvas.addEventListener("pointerup", () => {
+  const g = page.drag;
+  page.drag = null;
+  if (!g) return;
+  if (Math.abs(g.b - g.a) > 4) {
+    setWindow(xAt(Math.min(g.a, g.b)), xAt(Math.max(g.a, g.b)));
+    return;
+  }
+  page.at = Math.round(xAt(g.a));
   page.moment = "at";
   saveURL();
   load();
 });
+canvas.addEventListener("keydown", (e) => { if (e.key === "0") setWindow(null, null); });
+document.getElementById("reset").addEventListener("click", () => setWindow(null, null));
+
+function setWindow(x0, x1) {
+  [page.x0, page.x1] = x1 !== null && x1 - x0 >= 2 ? [x0, x1] : [null, null];
+  saveURL();
+  load();
+}
 
 for (const b of document.querySelectorAll("[data-align]")) {
   b.addEventListener("click", () => {
     if (page.align === b.dataset.align) return;
     page.align = b.dataset.align;
-    page.at = null; // a place on one axis means nothing on another
+    page.at = page.x0 = page.x1 = null; // a place on one axis means nothing on another
     if (page.moment === "at") page.moment = null;
     saveURL();
     load();
