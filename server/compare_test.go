@@ -89,3 +89,62 @@ func TestCompareErrors(t *testing.T) {
 		t.Errorf("page: %s", b)
 	}
 }
+
+// Through the API: a trace compared with itself differs nowhere; two
+// devices of the real multi-GPU snapshot compare, each moment's groups
+// adding up to each side's allocated bytes; the page names both traces.
+func TestCompareAPI(t *testing.T) {
+	f := newFixture(t, Options{})
+	self := compareAnswer(t, f, f.id, f.id, "group=stack&rows=100000")
+	for _, m := range self.Moments {
+		if m.Divergence != 0 || m.A != m.B {
+			t.Errorf("self %s: %+v", m.Key, m)
+		}
+		for _, d := range m.Rows {
+			if d.Delta != 0 {
+				t.Errorf("self %s: %+v", m.Key, d)
+			}
+		}
+	}
+	if fig := self.Figures[2]; fig.Key != "memory_needed" || !fig.Known || fig.Delta != 0 || self.A.Needed.Status != "done" || self.A.Needed.Bytes == 0 {
+		t.Errorf("memory needed %+v (%+v)", fig, self.A.Needed)
+	}
+
+	up := uploadFile(t, f, "expandable_oom_multigpu.pickle")
+	var devs []string
+	for _, tr := range up.Traces {
+		if tr.Events > 0 {
+			devs = append(devs, tr.ID)
+		}
+	}
+	for _, align := range []string{"time", "step", "event"} {
+		r := compareAnswer(t, f, devs[0], devs[1], "rows=100000&align="+align)
+		if r.Settings[0].Key != "expandable_segments" || r.Settings[0].A != "True" || r.Settings[0].Differs {
+			t.Errorf("settings %+v", r.Settings)
+		}
+		for _, m := range r.Moments {
+			var sa, sb uint64
+			for _, d := range m.Rows {
+				sa, sb = sa+d.A, sb+d.B
+			}
+			if sa != m.A.Allocated || sb != m.B.Allocated || len(m.Rows) != m.RowsTotal {
+				t.Errorf("%s %s: rows %d and %d bytes, allocated %d and %d", align, m.Key, sa, sb, m.A.Allocated, m.B.Allocated)
+			}
+		}
+		if len(r.Timeline.A.AllocMax) != compare.DefaultColumns || r.Timeline.X1 <= r.Timeline.X0 {
+			t.Errorf("%s: timeline [%d, %d] in %d columns", align, r.Timeline.X0, r.Timeline.X1, len(r.Timeline.A.AllocMax))
+		}
+	}
+	// A chosen instant is a fourth moment; a window narrows the timeline.
+	r := compareAnswer(t, f, devs[0], devs[1], "align=event&at=100&x0=50&x1=150&n=10")
+	if at := r.Moments[3]; at.Key != "at" || at.X != 100 || at.A.Seq != r.A.FirstSeq+100 || at.B.Seq != r.B.FirstSeq+100 {
+		t.Errorf("chosen %+v", at)
+	}
+	if r.Timeline.X0 != 50 || r.Timeline.X1 != 150 || r.Timeline.N != 10 || r.Timeline.Unit != "event" {
+		t.Errorf("timeline %+v", r.Timeline)
+	}
+	page := string(f.get(t, "/compare/"+devs[0]+"/"+devs[1], http.StatusOK))
+	if !strings.Contains(page, `data-a="`+devs[0]+`"`) || !strings.Contains(page, "compare.js") {
+		t.Errorf("page %s", page[:min(len(page), 400)])
+	}
+}
