@@ -188,6 +188,7 @@ type trace struct {
 	origin int64
 	// place is the aligned position of a time of the trace.
 	place func(us int64) int64
+	groups map[int64]*attrib.Grouped // the live sets grouped, by seq
 }
 
 // Compare compares traces a and b of db.
@@ -249,7 +250,7 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 		moments = append(moments, at{"at", "Chosen instant", *o.At, ta.index(*o.At), tb.index(*o.At)})
 	}
 	for _, m := range moments {
-		mo, err := moment(ta, tb, m.x, [2]int{m.ia, m.ib}, o)
+		mo, err := moment(db, ta, tb, m.x, [2]int{m.ia, m.ib}, o)
 		if err != nil {
 			return nil, err
 		}
@@ -278,7 +279,7 @@ func load(db *store.DB, id string, cache *attrib.Cache) (*trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	tr := &trace{t: t, s: s, cats: c, steps: attrib.Steps(c.Regions())}
+	tr := &trace{t: t, s: s, cats: c, steps: attrib.Steps(c.Regions()), groups: map[int64]*attrib.Grouped{}}
 	if len(s.TimeUS) > 0 {
 		tr.origin = s.TimeUS[0]
 	}
@@ -473,18 +474,42 @@ func diff(a, b uint64) uint64 {
 	return b - a
 }
 
+// grouped is the live set right after event seq, grouped as o asks; the
+// trace keeps it, as moments often fall on the same instant.
+func (t *trace) grouped(db *store.DB, seq int64, o Options) (*attrib.Grouped, error) {
+	if g, ok := t.groups[seq]; ok {
+		return g, nil
+	}
+	var g *attrib.Grouped
+	if o.Group == attrib.ByCategory { // only categories need the verdicts
+		l, err := t.cats.At(attrib.Instant{BySeq: true, Seq: seq})
+		if err != nil {
+			return nil, err
+		}
+		g = attrib.Group(l.LiveSet, o.Group, attrib.Options{Categories: l.Verdicts})
+	} else {
+		ls, err := db.LiveAtSeq(t.t.ID, seq)
+		if err != nil {
+			return nil, err
+		}
+		g = attrib.Group(ls, o.Group, attrib.Options{})
+	}
+	t.groups[seq] = g
+	return g, nil
+}
+
 // moment reads both live sets at aligned position x, right after event
 // index at[0] of a and at[1] of b, groups them and diffs the groups.
-func moment(a, b *trace, x int64, at [2]int, o Options) (Moment, error) {
+func moment(db *store.DB, a, b *trace, x int64, at [2]int, o Options) (Moment, error) {
 	m := Moment{X: x}
 	var groups [2]*attrib.Grouped
 	for k, t := range []*trace{a, b} {
 		p := t.point(at[k])
-		l, err := t.cats.At(attrib.Instant{BySeq: true, Seq: p.Seq})
+		g, err := t.grouped(db, p.Seq, o)
 		if err != nil {
 			return m, err
 		}
-		groups[k] = attrib.Group(l.LiveSet, o.Group, attrib.Options{Categories: l.Verdicts})
+		groups[k] = g
 		if k == 0 {
 			m.A = p
 		} else {

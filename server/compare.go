@@ -3,6 +3,7 @@ package server
 import (
 	"errors"
 	"net/http"
+	"time"
 
 	"github.com/go-chi/chi/v5"
 
@@ -15,6 +16,10 @@ import (
 
 // Two traces compared (package compare): the page, drawn by compare.js
 // from the JSON the API answers.
+
+// neededWait is how long a comparison waits for the what-if replays that
+// find the memory needed; the page asks again while they run.
+const neededWait = 2 * time.Second
 
 // compareOptions reads a comparison's parameters: align, group, n
 // (timeline columns), x0 and x1 (its window on the aligned axis), at (a
@@ -29,7 +34,7 @@ func (s *Server) compareOptions(p *params) compare.Options {
 	if err != nil {
 		p.fail("group", "%v", err)
 	}
-	o := compare.Options{Align: al, Group: g, Cats: s.cats, Needed: compare.FromJobs(s.whatifs, s.whatifWait)}
+	o := compare.Options{Align: al, Group: g, Cats: s.cats, Needed: compare.FromJobs(s.whatifs, min(s.whatifWait, neededWait))}
 	o.Columns = int(p.intIn("n", compare.DefaultColumns, 1, compare.MaxColumns))
 	o.X0, o.X1 = p.int64("x0", 0), p.int64("x1", 0)
 	if p.err == nil && q.Has("x1") && o.X1 <= o.X0 {

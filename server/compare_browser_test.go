@@ -7,6 +7,9 @@ import (
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+
+	"vramscope/internal/testkit"
+	"vramscope/tracer"
 )
 
 // The compare page of two training runs shows what the API answers: the
@@ -106,4 +109,27 @@ func TestBrowserCompareRealSnapshots(t *testing.T) {
 	within(t, ctx, "change", chromedp.Evaluate[bool](`document.getElementById("group").dispatchEvent(new Event("change")) || true`))
 	waitFor(t, ctx, "by stack", `location.search.includes("group=stack") && document.getElementById("compare").dataset.ready === "1"`)
 	screenshot(t, ctx, dir, "compare-real-stack")
+}
+
+// The run page's Compare opens the comparison of the two ranks picked.
+func TestBrowserCompareFromARun(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{})
+	job := tracer.Parallel{Train: tracer.DefaultTrain(), Ranks: 2, Mode: tracer.PipelineParallel}
+	job.Layers, job.Hidden, job.Vocab, job.Seq, job.Steps = 4, 512, 2048, 256, 2
+	run, err := f.db.Run(testkit.RecordRun(t, f.db, "pipeline", job, 80<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/runs/"+run.ID))
+	within(t, ctx, "compare", chromedp.Click(`#compare-form button[type=submit]`))
+	waitFor(t, ctx, "the comparison", `document.getElementById("compare")?.dataset.ready === "1"`)
+	loc := within(t, ctx, "location", chromedp.Location())
+	if want := "/compare/" + run.Ranks[0].Traces[0].ID + "/" + run.Ranks[1].Traces[0].ID; !strings.Contains(loc, want) {
+		t.Errorf("location %s, want %s", loc, want)
+	}
+	// Pipeline stages hold different layers: their peaks differ.
+	if d := within(t, ctx, "delta", chromedp.Text(`#figures tr[data-key="peak_allocated"] td:nth-of-type(3)`)); d == "0 B" || d == "" {
+		t.Errorf("peak allocated B − A %q", d)
+	}
 }
