@@ -145,11 +145,11 @@ type Moment struct {
 // Timeline is both traces' usage over [X0, X1] of the aligned axis in N
 // equal columns.
 type Timeline struct {
-	X0 int64  `json:"x0"`
-	X1 int64  `json:"x1"`
-	N  int    `json:"n"`
-	A  Usage  `json:"a"`
-	B  Usage  `json:"b"`
+	X0 int64 `json:"x0"`
+	X1 int64 `json:"x1"`
+	N  int   `json:"n"`
+	A  Usage `json:"a"`
+	B  Usage `json:"b"`
 	// Unit is what the axis counts: "us" or "event".
 	Unit string `json:"unit"`
 }
@@ -187,7 +187,7 @@ type trace struct {
 	steps  []attrib.Region
 	origin int64
 	// place is the aligned position of a time of the trace.
-	place func(us int64) int64
+	place  func(us int64) int64
 	groups map[int64]*attrib.Grouped // the live sets grouped, by seq
 }
 
@@ -330,7 +330,9 @@ func align(a, b *trace, want Align) (Align, string) {
 		t.pos = make([]int64, len(t.s.Seq))
 		if want == ByEvent {
 			// A time is placed at the first event at or after it.
-			t.place = func(us int64) int64 { return int64(sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] >= us })) }
+			t.place = func(us int64) int64 {
+				return int64(sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] >= us }))
+			}
 			for i := range t.pos {
 				t.pos[i] = int64(i)
 			}
