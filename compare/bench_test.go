@@ -1,13 +1,10 @@
 package compare_test
 
 import (
-	"os"
 	"testing"
 
 	"vramscope/compare"
-	"vramscope/ingest"
 	"vramscope/internal/testkit"
-	"vramscope/pytorch"
 	"vramscope/tracer"
 )
 
@@ -35,19 +32,7 @@ func BenchmarkCompare(b *testing.B) {
 	})
 	b.Run("real", func(b *testing.B) {
 		db := testkit.OpenDB(b)
-		var ids []string
-		for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
-			f, err := os.Open(testkit.Snapshot(b, name))
-			if err != nil {
-				b.Fatal(err)
-			}
-			got, err := ingest.Snapshot(db, f, name, pytorch.Options{})
-			f.Close()
-			if err != nil {
-				b.Fatal(err)
-			}
-			ids = append(ids, got[0])
-		}
+		ids := importSnapshots(b, db, "training_22k_user_metadata.pickle", "uint64_line_annotations.pickle")
 		b.ResetTimer()
 		for b.Loop() {
 			if _, err := compare.Compare(db, ids[0], ids[1], compare.Options{}); err != nil {

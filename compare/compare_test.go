@@ -136,19 +136,7 @@ func TestCompareByStep(t *testing.T) {
 // side's allocated bytes there.
 func TestCompareRealSnapshots(t *testing.T) {
 	db := testkit.OpenDB(t)
-	var ids []string
-	for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
-		f, err := os.Open(testkit.Snapshot(t, name))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := ingest.Snapshot(db, f, name, pytorch.Options{})
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		ids = append(ids, got[0])
-	}
+	ids := importSnapshots(t, db, "training_22k_user_metadata.pickle", "uint64_line_annotations.pickle")
 	for _, al := range []compare.Align{compare.ByTime, compare.ByStep, compare.ByEvent} {
 		for _, g := range []attrib.Grouping{attrib.ByFrame, attrib.ByStack, attrib.ByCategory} {
 			r, err := compare.Compare(db, ids[0], ids[1], compare.Options{Align: al, Group: g, Rows: -1})
@@ -214,5 +202,22 @@ func TestEventTotals(t *testing.T) {
 	if int64(len(s.Seq)) != tr.Events || peak != tr.PeakAllocated || at != tr.PeakSeq || res != tr.PeakReserved {
 		t.Errorf("%d events, peak %d after %d, reserved %d; the trace: %+v", len(s.Seq), peak, at, res, tr)
 	}
-	var _ *store.EventTotals = s
+}
+
+// importSnapshots imports real snapshots and returns their first traces.
+func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
+	var ids []string
+	for _, name := range names {
+		f, err := os.Open(testkit.Snapshot(tb, name))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		got, err := ingest.Snapshot(db, f, name, pytorch.Options{})
+		f.Close()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ids = append(ids, got[0])
+	}
+	return ids
 }
