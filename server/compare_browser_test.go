@@ -109,6 +109,12 @@ func TestBrowserCompareRealSnapshots(t *testing.T) {
 	within(t, ctx, "change", chromedp.Evaluate[bool](`document.getElementById("group").dispatchEvent(new Event("change")) || true`))
 	waitFor(t, ctx, "by stack", `location.search.includes("group=stack") && document.getElementById("compare").dataset.ready === "1"`)
 	screenshot(t, ctx, dir, "compare-real-stack")
+	within(t, ctx, "by event", chromedp.Click(`[data-align="event"]`))
+	waitFor(t, ctx, "by event", `location.search.includes("align=event") && document.getElementById("compare").dataset.ready === "1"`)
+	if href := within(t, ctx, "swap", chromedp.Evaluate[string](`document.getElementById("swap").getAttribute("href")`)); href != "/compare/"+b+"/"+a+"?align=event&group=stack" {
+		t.Errorf("swap goes to %s", href)
+	}
+	screenshot(t, ctx, dir, "compare-real-event")
 }
 
 // The run page's Compare opens the comparison of the two ranks picked.

@@ -44,6 +44,9 @@ function saveURL() {
   if (page.x0 !== null) { p.set("x0", Math.floor(page.x0)); p.set("x1", Math.ceil(page.x1)); }
   const s = p.toString();
   history.replaceState(null, "", s ? "?" + s : location.pathname);
+  // Swapped, the same view but for the places on the axis (they are A's).
+  for (const k of ["at", "x0", "x1", "m"]) p.delete(k);
+  document.getElementById("swap").href = `/compare/${B}/${A}` + (p.size ? "?" + p : "");
 }
 
 // ---- data ----------------------------------------------------------------
