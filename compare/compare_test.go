@@ -221,3 +221,46 @@ func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
 	}
 	return ids
 }
+
+// Snapshots without events (the state at one instant) compare too: every
+// moment is that state.
+func TestCompareStateOnly(t *testing.T) {
+	db := testkit.OpenDB(t)
+	f, err := os.Open(testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := ingest.Snapshot(db, f, "state", pytorch.Options{})
+	f.Close()
+	if err != nil || len(devs) != 2 {
+		t.Fatalf("%v %v", devs, err)
+	}
+	train := testkit.Record(t, db, "train", smallTrain(false, 256), 80<<30, "")
+	for _, pair := range [][2]string{{devs[0], devs[1]}, {devs[0], train}, {train, devs[1]}} {
+		for _, al := range []compare.Align{compare.ByTime, compare.ByStep, compare.ByEvent} {
+			r, err := compare.Compare(db, pair[0], pair[1], compare.Options{Align: al, Rows: -1})
+			if err != nil {
+				t.Fatalf("%s: %v", al, err)
+			}
+			if al == compare.ByStep && (r.Align != compare.ByTime || r.Note == "") {
+				t.Errorf("by step: %s (%s)", r.Align, r.Note)
+			}
+			for _, m := range r.Moments {
+				var sa, sb uint64
+				for _, d := range m.Rows {
+					sa, sb = sa+d.A, sb+d.B
+				}
+				if sa != m.A.Allocated || sb != m.B.Allocated {
+					t.Errorf("%s %s: rows %d, %d; allocated %d, %d", al, m.Key, sa, sb, m.A.Allocated, m.B.Allocated)
+				}
+			}
+			if r.Timeline.X1 <= r.Timeline.X0 {
+				t.Errorf("%s: timeline [%d, %d]", al, r.Timeline.X0, r.Timeline.X1)
+			}
+		}
+	}
+	r, _ := compare.Compare(db, devs[0], devs[1], compare.Options{})
+	if r.Moments[0].A.Seq != -1 || r.Moments[0].A.Allocated == 0 || r.Settings[0].A != "True" {
+		t.Errorf("state only: %+v, settings %+v", r.Moments[0], r.Settings)
+	}
+}
