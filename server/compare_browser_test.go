@@ -75,6 +75,9 @@ func TestBrowserCompare(t *testing.T) {
 		t.Error("no way back to the whole traces")
 	}
 	screenshot(t, ctx, dir, "compare-training-zoomed")
+	within(t, ctx, "dark theme", chromedp.Click(`#theme`))
+	screenshot(t, ctx, dir, "compare-training-dark")
+	within(t, ctx, "light theme", chromedp.Click(`#theme`))
 
 	// Grouped by category, step alignment of a trace without steps falls
 	// back to time and says so.
