@@ -218,22 +218,21 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	res := &Result{Asked: o.Align, Align: o.Align, Group: o.Group}
 	res.Align, res.Note = align(ta, tb, o.Align)
 
+	// The replays that find the memory needed run while the rest is read.
+	needed := make(chan []Needed, 1)
+	if o.Needed != nil {
+		go func() { needed <- o.Needed(ta.t, tb.t) }()
+	} else {
+		none := Needed{Status: "unavailable", Text: "not asked"}
+		needed <- []Needed{none, none}
+	}
 	res.A, res.B = side(ta), side(tb)
 	res.Settings = settingsDiff(ta.t.Settings, tb.t.Settings)
-	if o.Needed != nil {
-		n := o.Needed(ta.t, tb.t)
-		res.A.Needed, res.B.Needed = n[0], n[1]
-	} else {
-		res.A.Needed = Needed{Status: "unavailable", Text: "not asked"}
-		res.B.Needed = res.A.Needed
-	}
-	res.Figures = figures(res.A, res.B)
 	res.Timeline = timeline(ta, tb, res.Align, o)
 
 	// The moments: each trace's peak, where they differ most, and the
-	// instant asked for.
-	// A peak is read right after its event, not after the last event at
-	// its position (a free at the same microsecond).
+	// instant asked for. A peak is read right after its event, not after
+	// the last event at its position (a free at the same microsecond).
 	type at struct {
 		key, label string
 		x          int64
@@ -257,6 +256,9 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 		mo.Key, mo.Label = m.key, m.label
 		res.Moments = append(res.Moments, mo)
 	}
+	n := <-needed
+	res.A.Needed, res.B.Needed = n[0], n[1]
+	res.Figures = figures(res.A, res.B)
 	return res, nil
 }
 
