@@ -545,7 +545,7 @@ func figures(a, b Side) []Figure {
 	switch {
 	case a.Needed.Status != "done" || b.Needed.Status != "done":
 		need.Known, need.Delta = false, 0
-		need.Note = "the what-if replays " + neededNote(a.Needed, b.Needed) + "; peak reserved is an upper bound of what each needed as recorded"
+		need.Note = "the what-if replays " + neededNote(a.Needed, b.Needed) + "; until then, peak reserved is the nearest figure (the most each held as recorded)"
 	case a.Needed.Bytes == 0 || b.Needed.Bytes == 0:
 		need.Known, need.Delta = false, 0
 		need.Note = "more than the replays try for a trace"

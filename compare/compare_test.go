@@ -2,10 +2,13 @@ package compare_test
 
 import (
 	"os"
+	"strings"
 	"testing"
+	"time"
 
 	"vramscope/attrib"
 	"vramscope/compare"
+	"vramscope/incident"
 	"vramscope/ingest"
 	"vramscope/internal/testkit"
 	"vramscope/pytorch"
@@ -262,5 +265,35 @@ func TestCompareStateOnly(t *testing.T) {
 	r, _ := compare.Compare(db, devs[0], devs[1], compare.Options{})
 	if r.Moments[0].A.Seq != -1 || r.Moments[0].A.Allocated == 0 || r.Settings[0].A != "True" {
 		t.Errorf("state only: %+v, settings %+v", r.Moments[0], r.Settings)
+	}
+}
+
+// The memory needed comes from the what-if replays: while they run it is
+// not known and says so; once done, both figures and their delta are.
+func TestCompareMemoryNeeded(t *testing.T) {
+	db := testkit.OpenDB(t)
+	a := testkit.Record(t, db, "with", smallTrain(true, 1024), 80<<30, "")
+	b := testkit.Record(t, db, "without", smallTrain(false, 1024), 80<<30, "")
+	jobs := incident.NewJobs(db, 4, make(chan struct{}, 1))
+	r, err := compare.Compare(db, a, b, compare.Options{Needed: compare.FromJobs(jobs, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := r.Figures[2]
+	if need.Key != "memory_needed" || need.Known || !strings.Contains(need.Note, "still running") || r.A.Needed.Status != "running" {
+		t.Fatalf("while replaying: %+v, A %+v", need, r.A.Needed)
+	}
+	r, err = compare.Compare(db, a, b, compare.Options{Needed: compare.FromJobs(jobs, time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need = r.Figures[2]
+	if !need.Known || need.A != r.A.Needed.Bytes || need.B != r.B.Needed.Bytes || need.Delta != int64(need.B)-int64(need.A) ||
+		need.A == 0 || need.B <= need.A || !strings.HasPrefix(r.A.Needed.Text, "Needs ") {
+		t.Errorf("done: %+v, A %+v, B %+v", need, r.A.Needed, r.B.Needed)
+	}
+	// The replays need what the runs held at most, checkpointing less.
+	if need.A > r.A.PeakReserved || need.B > r.B.PeakReserved {
+		t.Errorf("needed %d and %d, peaks reserved %d and %d", need.A, need.B, r.A.PeakReserved, r.B.PeakReserved)
 	}
 }
