@@ -228,6 +228,11 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	}
 	res.A, res.B = side(ta), side(tb)
 	res.Settings = settingsDiff(ta.t.Settings, tb.t.Settings)
+	more, err := snapshotSettings(db, [2]string{ta.t.Upload, tb.t.Upload})
+	if err != nil {
+		return nil, err
+	}
+	res.Settings = append(res.Settings, more...)
 	res.Timeline = timeline(ta, tb, res.Align, o)
 
 	// The moments: each trace's peak, where they differ most, and the

@@ -297,3 +297,33 @@ func TestCompareMemoryNeeded(t *testing.T) {
 		t.Errorf("needed %d and %d, peaks reserved %d and %d", need.A, need.B, r.A.PeakReserved, r.B.PeakReserved)
 	}
 }
+
+// The settings of two snapshots: every PYTORCH_CUDA_ALLOC_CONF key, then
+// the other keys of their allocator_settings as written, the differing
+// ones marked.
+func TestCompareSettings(t *testing.T) {
+	db := testkit.OpenDB(t)
+	ids := importSnapshots(t, db, "training_22k_user_metadata.pickle", "expandable_oom_multigpu.pickle")
+	r, err := compare.Compare(db, ids[0], ids[1], compare.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]compare.Setting{}
+	for _, s := range r.Settings {
+		got[s.Key] = s
+	}
+	want := []compare.Setting{
+		{Key: "expandable_segments", A: "default", B: "True", Differs: true},
+		{Key: "max_split_size_mb", A: "default", B: "default"},
+		{Key: "graph_capture_record_stream_reuse", A: "false", B: "–", Differs: true},
+		{Key: "pinned_num_register_threads", A: "1", B: "1"},
+	}
+	for _, w := range want {
+		if got[w.Key] != w {
+			t.Errorf("%s: %+v, want %+v", w.Key, got[w.Key], w)
+		}
+	}
+	if r.Settings[0].Key != "expandable_segments" || len(r.Settings) != 10 {
+		t.Errorf("settings %+v", r.Settings)
+	}
+}

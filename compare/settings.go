@@ -1,9 +1,12 @@
 package compare
 
 import (
+	"encoding/json"
+	"slices"
 	"strings"
 
 	"vramscope/gpu/caching"
+	"vramscope/store"
 )
 
 // setting copies one setting of a configuration onto another.
@@ -56,4 +59,48 @@ func settingsDiff(a, b string) []Setting {
 		out = append(out, Setting{Key: s.key, A: v[0], B: v[1], Differs: v[0] != v[1]})
 	}
 	return out
+}
+
+// covered are the keys of a snapshot's allocator_settings that the
+// settings above already show.
+var covered = map[string]bool{"PYTORCH_CUDA_ALLOC_CONF": true, "max_split_size": true, "garbage_collection_threshold": true,
+	"expandable_segments": true, "release_lock_on_cudamalloc": true, "roundup_power2_divisions": true}
+
+// snapshotSettings lists the keys of the snapshots' allocator_settings that
+// no PYTORCH_CUDA_ALLOC_CONF key shows (pinned memory, graph capture), as
+// the files wrote them; "–" where a trace has none. Traces recorded by
+// vramscope have no snapshot settings.
+func snapshotSettings(db *store.DB, uploads [2]string) ([]Setting, error) {
+	var vals [2]map[string]json.RawMessage
+	var keys []string
+	for i, up := range uploads {
+		if up == "" {
+			continue
+		}
+		u, err := db.Upload(up)
+		if err != nil {
+			return nil, err
+		}
+		if u.Settings == "" || json.Unmarshal([]byte(u.Settings), &vals[i]) != nil {
+			continue // not an object: the conf keys say what is known
+		}
+		for k := range vals[i] {
+			if !covered[k] && !slices.Contains(keys, k) {
+				keys = append(keys, k)
+			}
+		}
+	}
+	slices.Sort(keys)
+	var out []Setting
+	for _, k := range keys {
+		var v [2]string
+		for i := range vals {
+			v[i] = "–"
+			if raw, ok := vals[i][k]; ok {
+				v[i] = string(raw)
+			}
+		}
+		out = append(out, Setting{Key: k, A: v[0], B: v[1], Differs: v[0] != v[1]})
+	}
+	return out, nil
 }
