@@ -114,6 +114,8 @@ func New(opt Options) *Server {
 		r.Get("/traces/{id}", s.pageTrace)
 		r.Get("/traces/{id}/incidents/{n}", s.pageIncident)
 		r.Get("/runs/{id}", s.pageRun)
+		r.Get("/compare/{a}/{b}", s.pageCompare)
+		r.Get("/api/compare/{a}/{b}", s.apiCompare)
 		r.Route("/api/runs/{id}", func(r chi.Router) {
 			r.Get("/", s.apiRun)
 			r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteRun)

@@ -1,0 +1,329 @@
+package compare_test
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"vramscope/attrib"
+	"vramscope/compare"
+	"vramscope/incident"
+	"vramscope/ingest"
+	"vramscope/internal/testkit"
+	"vramscope/pytorch"
+	"vramscope/store"
+	"vramscope/tracer"
+)
+
+// smallTrain is a training run small enough for tests, its attention
+// probabilities (model.py:34) the largest activation.
+func smallTrain(checkpointing bool, seq int) tracer.Train {
+	w := tracer.DefaultTrain()
+	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 4, 512, 2048, 4, seq, 3
+	w.Checkpointing = checkpointing
+	return w
+}
+
+// Compared with itself, a trace differs nowhere: every moment is the same
+// instant in both, every group has a zero delta, and the largest
+// divergence is zero.
+func TestCompareWithItself(t *testing.T) {
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "train", smallTrain(false, 512), 80<<30, "")
+	for _, al := range []compare.Align{compare.ByTime, compare.ByStep, compare.ByEvent} {
+		for _, g := range []attrib.Grouping{attrib.ByFrame, attrib.ByStack, attrib.ByCategory} {
+			r, err := compare.Compare(db, id, id, compare.Options{Align: al, Group: g, Rows: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Align != al || len(r.Moments) != 3 {
+				t.Fatalf("%s/%s: aligned by %s, %d moments", al, g, r.Align, len(r.Moments))
+			}
+			for _, m := range r.Moments {
+				if m.A != m.B || m.Divergence != 0 || (len(m.Rows) == 0) != (m.A.Allocated == 0) || len(m.Rows) != m.RowsTotal {
+					t.Errorf("%s/%s %s: A %+v B %+v divergence %d, %d of %d rows", al, g, m.Key, m.A, m.B, m.Divergence, len(m.Rows), m.RowsTotal)
+				}
+				var sum uint64
+				for _, d := range m.Rows {
+					if d.Delta != 0 || d.A != d.B || d.CountA != d.CountB {
+						t.Errorf("%s/%s %s: %+v", al, g, m.Key, d)
+					}
+					sum += d.A
+				}
+				if sum != m.A.Allocated {
+					t.Errorf("%s/%s %s: rows hold %d bytes of %d", al, g, m.Key, sum, m.A.Allocated)
+				}
+			}
+			for _, f := range r.Figures {
+				if f.Key != "memory_needed" && (f.Delta != 0 || f.A != f.B) {
+					t.Errorf("%+v", f)
+				}
+			}
+			for _, s := range r.Settings {
+				if s.Differs {
+					t.Errorf("%+v", s)
+				}
+			}
+			for i := range r.Timeline.A.AllocMax {
+				if r.Timeline.A.AllocMax[i] != r.Timeline.B.AllocMax[i] || r.Timeline.A.AllocMin[i] != r.Timeline.B.AllocMin[i] {
+					t.Fatalf("%s/%s: column %d differs", al, g, i)
+				}
+			}
+		}
+	}
+}
+
+// Two runs whose steps take different times: by time their steps start
+// apart, by step each step N of B starts where A's does, and the live sets
+// at A's peak are read at A's own peak event.
+func TestCompareByStep(t *testing.T) {
+	db := testkit.OpenDB(t)
+	a := testkit.Record(t, db, "long", smallTrain(false, 1024), 80<<30, "")
+	b := testkit.Record(t, db, "short", smallTrain(false, 512), 80<<30, "")
+	byTime, err := compare.Compare(db, a, b, compare.Options{Align: compare.ByTime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := compare.Compare(db, a, b, compare.Options{Align: compare.ByStep})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Align != compare.ByStep || r.Note != "" || len(r.A.Steps) != 3 || len(r.B.Steps) != 3 {
+		t.Fatalf("aligned by %s (%s), steps %v and %v", r.Align, r.Note, r.A.Steps, r.B.Steps)
+	}
+	for i := range r.A.Steps {
+		if r.A.Steps[i] != r.B.Steps[i] || r.A.Steps[i].N != i {
+			t.Errorf("step %d: A %+v, B %+v", i, r.A.Steps[i], r.B.Steps[i])
+		}
+		if i > 0 && byTime.A.Steps[i].X == byTime.B.Steps[i].X {
+			t.Errorf("by time, step %d starts at the same place in both (%d): the test shows nothing", i, byTime.A.Steps[i].X)
+		}
+	}
+	// A's time axis: A's steps sit where its annotations say.
+	ta, _ := db.Trace(a)
+	if r.A.Steps[1].X != byTime.A.Steps[1].X || r.Timeline.Unit != "us" {
+		t.Errorf("A's step 1 at %d by step, %d by time", r.A.Steps[1].X, byTime.A.Steps[1].X)
+	}
+	peak := r.Moments[0]
+	if peak.Key != "peak_a" || peak.A.Seq != ta.PeakSeq || peak.A.Allocated != ta.PeakAllocated {
+		t.Errorf("A's peak %+v, the trace's %d bytes after %d", peak.A, ta.PeakAllocated, ta.PeakSeq)
+	}
+	// At A's peak (in step N), B is in step N too.
+	tb, _ := db.Trace(b)
+	stepOf := func(steps []compare.StepMark, x int64) int {
+		n := -1
+		for _, s := range steps {
+			if s.X <= x {
+				n = s.N
+			}
+		}
+		return n
+	}
+	if sa, sb := stepOf(r.A.Steps, peak.X), stepOf(r.B.Steps, peak.X); sa != sb || sa < 0 {
+		t.Errorf("A's peak is in step %d, B then in step %d (B's peak %d bytes)", sa, sb, tb.PeakAllocated)
+	}
+
+	// By event index the axis counts events.
+	r, err = compare.Compare(db, a, b, compare.Options{Align: compare.ByEvent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Timeline.Unit != "event" || r.Moments[0].X != ta.PeakSeq-ta.FirstSeq {
+		t.Errorf("by event: unit %s, A's peak at %d", r.Timeline.Unit, r.Moments[0].X)
+	}
+}
+
+// Real snapshots: two cs336 training runs of different models compare
+// without error, and at every moment each side's groups add up to that
+// side's allocated bytes there.
+func TestCompareRealSnapshots(t *testing.T) {
+	db := testkit.OpenDB(t)
+	ids := importSnapshots(t, db, "training_22k_user_metadata.pickle", "uint64_line_annotations.pickle")
+	for _, al := range []compare.Align{compare.ByTime, compare.ByStep, compare.ByEvent} {
+		for _, g := range []attrib.Grouping{attrib.ByFrame, attrib.ByStack, attrib.ByCategory} {
+			r, err := compare.Compare(db, ids[0], ids[1], compare.Options{Align: al, Group: g, Rows: -1})
+			if err != nil {
+				t.Fatalf("%s/%s: %v", al, g, err)
+			}
+			for _, m := range r.Moments {
+				var sa, sb uint64
+				for _, d := range m.Rows {
+					sa, sb = sa+d.A, sb+d.B
+				}
+				if sa != m.A.Allocated || sb != m.B.Allocated || m.Divergence != int64(m.B.Allocated)-int64(m.A.Allocated) {
+					t.Errorf("%s/%s %s: rows %d and %d, allocated %d and %d", al, g, m.Key, sa, sb, m.A.Allocated, m.B.Allocated)
+				}
+				for k, p := range []compare.Point{m.A, m.B} {
+					ls, err := db.LiveAtSeq(ids[k], p.Seq)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if ls.Bytes() != p.Allocated {
+						t.Errorf("%s %s: side %d live set %d bytes, point %d", al, m.Key, k, ls.Bytes(), p.Allocated)
+					}
+				}
+			}
+			peakA, peakB := r.Moments[0], r.Moments[1]
+			if peakA.A.Allocated != r.A.PeakAllocated || peakB.B.Allocated != r.B.PeakAllocated {
+				t.Errorf("%s: peaks %d and %d, the traces' %d and %d", al, peakA.A.Allocated, peakB.B.Allocated, r.A.PeakAllocated, r.B.PeakAllocated)
+			}
+			div := r.Moments[2]
+			for _, m := range r.Moments {
+				if abs(m.Divergence) > abs(div.Divergence) && m.X >= max(r.A.Range[0], r.B.Range[0]) && m.X <= min(r.A.Range[1], r.B.Range[1]) {
+					t.Errorf("%s: %s diverges by %d, more than the largest divergence %d", al, m.Key, m.Divergence, div.Divergence)
+				}
+			}
+		}
+	}
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+// EventTotals agree with the trace's peaks.
+func TestEventTotals(t *testing.T) {
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "train", smallTrain(true, 256), 80<<30, "")
+	tr, _ := db.Trace(id)
+	s, err := db.EventTotals(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var peak, res uint64
+	at := int64(-1)
+	for i, v := range s.Allocated {
+		if v > peak {
+			peak, at = v, s.Seq[i]
+		}
+		res = max(res, s.Reserved[i])
+	}
+	if int64(len(s.Seq)) != tr.Events || peak != tr.PeakAllocated || at != tr.PeakSeq || res != tr.PeakReserved {
+		t.Errorf("%d events, peak %d after %d, reserved %d; the trace: %+v", len(s.Seq), peak, at, res, tr)
+	}
+}
+
+// importSnapshots imports real snapshots and returns their first traces.
+func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
+	var ids []string
+	for _, name := range names {
+		f, err := os.Open(testkit.Snapshot(tb, name))
+		if err != nil {
+			tb.Fatal(err)
+		}
+		got, err := ingest.Snapshot(db, f, name, pytorch.Options{})
+		f.Close()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ids = append(ids, got[0])
+	}
+	return ids
+}
+
+// Snapshots without events (the state at one instant) compare too: every
+// moment is that state.
+func TestCompareStateOnly(t *testing.T) {
+	db := testkit.OpenDB(t)
+	f, err := os.Open(testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	devs, err := ingest.Snapshot(db, f, "state", pytorch.Options{})
+	f.Close()
+	if err != nil || len(devs) != 2 {
+		t.Fatalf("%v %v", devs, err)
+	}
+	train := testkit.Record(t, db, "train", smallTrain(false, 256), 80<<30, "")
+	for _, pair := range [][2]string{{devs[0], devs[1]}, {devs[0], train}, {train, devs[1]}} {
+		for _, al := range []compare.Align{compare.ByTime, compare.ByStep, compare.ByEvent} {
+			r, err := compare.Compare(db, pair[0], pair[1], compare.Options{Align: al, Rows: -1})
+			if err != nil {
+				t.Fatalf("%s: %v", al, err)
+			}
+			if al == compare.ByStep && (r.Align != compare.ByTime || r.Note == "") {
+				t.Errorf("by step: %s (%s)", r.Align, r.Note)
+			}
+			for _, m := range r.Moments {
+				var sa, sb uint64
+				for _, d := range m.Rows {
+					sa, sb = sa+d.A, sb+d.B
+				}
+				if sa != m.A.Allocated || sb != m.B.Allocated {
+					t.Errorf("%s %s: rows %d, %d; allocated %d, %d", al, m.Key, sa, sb, m.A.Allocated, m.B.Allocated)
+				}
+			}
+			if r.Timeline.X1 <= r.Timeline.X0 {
+				t.Errorf("%s: timeline [%d, %d]", al, r.Timeline.X0, r.Timeline.X1)
+			}
+		}
+	}
+	r, _ := compare.Compare(db, devs[0], devs[1], compare.Options{})
+	if r.Moments[0].A.Seq != -1 || r.Moments[0].A.Allocated == 0 || r.Settings[0].A != "True" {
+		t.Errorf("state only: %+v, settings %+v", r.Moments[0], r.Settings)
+	}
+}
+
+// The memory needed comes from the what-if replays: while they run it is
+// not known and says so; once done, both figures and their delta are.
+func TestCompareMemoryNeeded(t *testing.T) {
+	db := testkit.OpenDB(t)
+	a := testkit.Record(t, db, "with", smallTrain(true, 1024), 80<<30, "")
+	b := testkit.Record(t, db, "without", smallTrain(false, 1024), 80<<30, "")
+	jobs := incident.NewJobs(db, 4, make(chan struct{}, 1))
+	r, err := compare.Compare(db, a, b, compare.Options{Needed: compare.FromJobs(jobs, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need := r.Figures[2]
+	if need.Key != "memory_needed" || need.Known || !strings.Contains(need.Note, "still running") || r.A.Needed.Status != "running" {
+		t.Fatalf("while replaying: %+v, A %+v", need, r.A.Needed)
+	}
+	r, err = compare.Compare(db, a, b, compare.Options{Needed: compare.FromJobs(jobs, time.Minute)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	need = r.Figures[2]
+	if !need.Known || need.A != r.A.Needed.Bytes || need.B != r.B.Needed.Bytes || need.Delta != int64(need.B)-int64(need.A) ||
+		need.A == 0 || need.B <= need.A || !strings.HasPrefix(r.A.Needed.Text, "Needs ") {
+		t.Errorf("done: %+v, A %+v, B %+v", need, r.A.Needed, r.B.Needed)
+	}
+	// The replays need what the runs held at most, checkpointing less.
+	if need.A > r.A.PeakReserved || need.B > r.B.PeakReserved {
+		t.Errorf("needed %d and %d, peaks reserved %d and %d", need.A, need.B, r.A.PeakReserved, r.B.PeakReserved)
+	}
+}
+
+// The settings of two snapshots: every PYTORCH_CUDA_ALLOC_CONF key, then
+// the other keys of their allocator_settings as written, the differing
+// ones marked.
+func TestCompareSettings(t *testing.T) {
+	db := testkit.OpenDB(t)
+	ids := importSnapshots(t, db, "training_22k_user_metadata.pickle", "expandable_oom_multigpu.pickle")
+	r, err := compare.Compare(db, ids[0], ids[1], compare.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]compare.Setting{}
+	for _, s := range r.Settings {
+		got[s.Key] = s
+	}
+	want := []compare.Setting{
+		{Key: "expandable_segments", A: "default", B: "True", Differs: true},
+		{Key: "max_split_size_mb", A: "default", B: "default"},
+		{Key: "graph_capture_record_stream_reuse", A: "false", B: "–", Differs: true},
+		{Key: "pinned_num_register_threads", A: "1", B: "1"},
+	}
+	for _, w := range want {
+		if got[w.Key] != w {
+			t.Errorf("%s: %+v, want %+v", w.Key, got[w.Key], w)
+		}
+	}
+	if r.Settings[0].Key != "expandable_segments" || len(r.Settings) != 10 {
+		t.Errorf("settings %+v", r.Settings)
+	}
+}
