@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 
 	"vramscope/store"
 	"vramscope/tracer"
@@ -28,7 +29,14 @@ func demoRecordings() []recording {
 	}
 }
 
-// seedDemo fills an empty database with the demo traces.
+// demoRun is the demo's multi-GPU job: a 4-stage pipeline whose first
+// stage holds the most micro-batches, so its run page has a rank to find.
+func demoRun() (recording, tracer.Parallel) {
+	return recording{Name: "demo: pipeline-parallel job", Device: "sim", Capacity: 80 << 30},
+		tracer.Parallel{Train: tracer.DefaultTrain(), Ranks: 4, Mode: tracer.PipelineParallel}
+}
+
+// seedDemo fills an empty database with the demo traces and the demo run.
 func seedDemo(db *store.DB) error {
 	traces, err := db.Traces()
 	if err != nil || len(traces) > 0 {
@@ -42,6 +50,10 @@ func seedDemo(db *store.DB) error {
 		if res.Err != nil {
 			return fmt.Errorf("demo trace %q: %w", rec.Name, res.Err)
 		}
+	}
+	rec, job := demoRun()
+	if err := recordRun(context.Background(), db, rec, job, "", io.Discard); err != nil {
+		return fmt.Errorf("demo run: %w", err)
 	}
 	return nil
 }
