@@ -16,16 +16,16 @@ import (
 
 // liveAnswer is what /live answers, as the page reads it.
 type liveAnswer struct {
-	Seq        int64          `json:"seq"`
-	T          int64          `json:"t"`
-	Bytes      uint64         `json:"bytes"`
-	Count      int            `json:"count"`
-	Tree       *attrib.Node   `json:"tree"`
-	Rows       []attrib.Row   `json:"rows"`
-	RowsTotal  int            `json:"rows_total"`
-	Blocks     liveBlocksJSON `json:"blocks"`
-	Categories []categoryJSON `json:"categories"`
-	Step       *attrib.Region `json:"step"`
+	Seq        int64                  `json:"seq"`
+	T          int64                  `json:"t"`
+	Bytes      uint64                 `json:"bytes"`
+	Count      int                    `json:"count"`
+	Tree       *attrib.Node           `json:"tree"`
+	Rows       []attrib.Row           `json:"rows"`
+	RowsTotal  int                    `json:"rows_total"`
+	Blocks     attrib.LiveBlocks      `json:"blocks"`
+	Categories []attrib.CategoryShare `json:"categories"`
+	Step       *attrib.Region         `json:"step"`
 }
 
 // On a real snapshot, /live at the peak holds exactly the peak's allocated
@@ -111,9 +111,9 @@ func TestStepsAndBandCategories(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st struct {
-		Regions    []attrib.Region `json:"regions"`
-		Steps      []stepJSON      `json:"steps"`
-		StepsTotal int             `json:"steps_total"`
+		Regions    []attrib.Region   `json:"regions"`
+		Steps      []attrib.StepPeak `json:"steps"`
+		StepsTotal int               `json:"steps_total"`
 	}
 	f.getJSON(t, "/api/traces/"+id+"/steps", &st)
 	if st.StepsTotal != 3 || len(st.Steps) != 3 || len(st.Regions) != 9 {

@@ -1,0 +1,180 @@
+package attrib
+
+import (
+	"vramscope/gpu"
+	"vramscope/store"
+)
+
+// The answers the web page asks for, whole: the server parses a request,
+// asks for one of these and writes it as JSON.
+
+// LiveBlocks are the live blocks in tree order, in columns: a node's
+// blocks are [b0, b1) of each column. Category and Sure index
+// AllCategories and SurenessNames.
+type LiveBlocks struct {
+	Address  []uint64 `json:"address"`
+	Size     []uint64 `json:"size"`
+	Seq      []int64  `json:"seq"`
+	Stack    []uint32 `json:"stack"`
+	Category []int    `json:"category"`
+	Sure     []int    `json:"sure"`
+}
+
+// CategoryShare is one category's share of a live set; every category is
+// listed, empty or not, unknown too.
+type CategoryShare struct {
+	Name  Category `json:"name"`
+	Bytes uint64   `json:"bytes"`
+	Count int      `json:"count"`
+	// BySure splits the bytes by how sure the verdicts are: high, medium, low.
+	BySure [3]uint64 `json:"by_sure"`
+}
+
+// LiveAnswer is the live set at an instant, grouped: its tree, its table
+// (the first rows of RowsTotal, largest first), its blocks and its
+// categories, and the step it falls in.
+type LiveAnswer struct {
+	Seq        int64           `json:"seq"`
+	TimeUS     int64           `json:"t"`
+	Bytes      uint64          `json:"bytes"`
+	Count      int             `json:"count"`
+	Grouping   Grouping        `json:"grouping"`
+	Tree       *Node           `json:"tree"`
+	Rows       []Row           `json:"rows"`
+	RowsTotal  int             `json:"rows_total"`
+	Blocks     LiveBlocks      `json:"blocks"`
+	Categories []CategoryShare `json:"categories"`
+	Sureness   []string        `json:"sureness"`
+	Step       *Region         `json:"step,omitempty"`
+}
+
+// SurenessNames are the names of High, Medium and Low, indexed as answers
+// index them.
+var SurenessNames = []string{"high", "medium", "low"}
+
+var sureIndex = map[Sureness]int{High: 0, Medium: 1, Low: 2}
+
+func categoryIndex(c Category) int {
+	for i, a := range AllCategories {
+		if a == c {
+			return i
+		}
+	}
+	return len(AllCategories) - 1 // unknown
+}
+
+// Answer groups l by g (with the frames views hide when all) and keeps
+// the first rows of its table. Children under a five-thousandth of the
+// live bytes fold: a flame graph could not draw them wider than a
+// fraction of a pixel.
+func (l *Live) Answer(g Grouping, all bool, rows int) LiveAnswer {
+	gr := Group(l.LiveSet, g, Options{AllFrames: all, Categories: l.Verdicts, MinBytes: l.Bytes() / 5000})
+	out := LiveAnswer{Seq: l.Seq, TimeUS: l.TimeUS, Bytes: gr.Bytes, Count: gr.Count, Grouping: g, Tree: gr.Tree,
+		Rows: gr.Rows[:min(rows, len(gr.Rows))], RowsTotal: len(gr.Rows), Sureness: SurenessNames}
+	if out.Rows == nil {
+		out.Rows = []Row{}
+	}
+	for _, c := range AllCategories {
+		out.Categories = append(out.Categories, CategoryShare{Name: c})
+	}
+	n := len(gr.Order)
+	out.Blocks = LiveBlocks{Address: make([]uint64, n), Size: make([]uint64, n), Seq: make([]int64, n),
+		Stack: make([]uint32, n), Category: make([]int, n), Sure: make([]int, n)}
+	for k, i := range gr.Order {
+		b, v := &l.Blocks[i], l.Verdicts[i]
+		c, s := categoryIndex(v.Category), sureIndex[v.Sure]
+		out.Blocks.Address[k], out.Blocks.Size[k], out.Blocks.Seq[k], out.Blocks.Stack[k] = b.Addr, b.Size, b.Seq, uint32(b.Stack)
+		out.Blocks.Category[k], out.Blocks.Sure[k] = c, s
+		share := &out.Categories[c]
+		share.Bytes += b.Size
+		share.Count++
+		share.BySure[s] += b.Size
+	}
+	for _, st := range Steps(l.Regions) {
+		if st.StartUS <= l.TimeUS && l.TimeUS < st.EndUS {
+			out.Step = &st
+		}
+	}
+	return out
+}
+
+// StepPeak is a training step with its peak of allocated memory.
+type StepPeak struct {
+	Region
+	Peak store.Peak `json:"peak"`
+}
+
+// StepsAnswer is a trace's annotated regions (steps and phases), a page
+// of its steps with their peaks, and where user_metadata changes.
+type StepsAnswer struct {
+	Regions    []Region   `json:"regions"`
+	Steps      []StepPeak `json:"steps"`
+	StepsTotal int        `json:"steps_total"`
+	// Metadata: where the events' user_metadata changes (the first
+	// MaxMetadataChanges).
+	Metadata      []store.MetadataChange `json:"metadata"`
+	MetadataTotal int                    `json:"metadata_total"`
+}
+
+// MaxMetadataChanges bounds the user_metadata changes a StepsAnswer lists.
+const MaxMetadataChanges = 2000
+
+// StepPeaks answers the regions, the steps from the from-th on (limit of
+// them: their peaks cost their events) and the user_metadata changes.
+func (c *Categorizer) StepPeaks(from, limit int) (StepsAnswer, error) {
+	steps := Steps(c.regions)
+	total := len(steps)
+	steps = steps[min(from, total):min(from+limit, total)]
+	spans := make([]store.Span, len(steps))
+	for i, st := range steps {
+		spans[i] = store.Span{T0: st.StartUS, T1: st.EndUS}
+	}
+	peaks, err := c.db.Peaks(c.trace.ID, spans)
+	if err != nil {
+		return StepsAnswer{}, err
+	}
+	meta, metaTotal, err := c.db.MetadataChanges(c.trace.ID, MaxMetadataChanges)
+	if err != nil {
+		return StepsAnswer{}, err
+	}
+	out := StepsAnswer{Regions: c.regions, Steps: make([]StepPeak, len(steps)), StepsTotal: total, Metadata: meta, MetadataTotal: metaTotal}
+	if out.Metadata == nil {
+		out.Metadata = []store.MetadataChange{}
+	}
+	if out.Regions == nil {
+		out.Regions = []Region{}
+	}
+	for i := range steps {
+		out.Steps[i] = StepPeak{steps[i], peaks[i]}
+	}
+	return out, nil
+}
+
+// BandCategories is the category and sureness of each band of a window
+// (indexes of Categories and SurenessNames), in the bands' order.
+type BandCategories struct {
+	Categories []Category `json:"categories"`
+	Band       []int      `json:"band"`
+	Sure       []int      `json:"sure"`
+}
+
+// BandCategories sorts the allocations of bands into categories.
+func (c *Categorizer) BandCategories(bands []store.Band) (BandCategories, error) {
+	blocks := make([]gpu.Block, len(bands))
+	for i, b := range bands {
+		blocks[i] = gpu.Block{Addr: b.Addr, Size: b.Size, Requested: b.Requested, Stack: b.Stack, Seq: b.Seq, State: gpu.BlockAllocated}
+	}
+	set, err := c.db.Describe(c.trace.ID, blocks)
+	if err != nil {
+		return BandCategories{}, err
+	}
+	vs, err := c.Verdicts(set)
+	if err != nil {
+		return BandCategories{}, err
+	}
+	out := BandCategories{AllCategories, make([]int, len(vs)), make([]int, len(vs))}
+	for i, v := range vs {
+		out.Band[i], out.Sure[i] = categoryIndex(v.Category), sureIndex[v.Sure]
+	}
+	return out, nil
+}
