@@ -24,8 +24,8 @@ import (
 // The stack is sampled once per column, at the column's start, by sweeping
 // the window's events through the set of live allocations. A window holding
 // more than maxSweep events would cost too much to sweep; it is sampled at
-// the stored layout checkpoints instead (one every checkpointEvery events,
-// at most maxSamples of them), each sample standing for the columns up to
+// the stored layout checkpoints instead (one every checkpointEvery events
+// or more, at most maxSamples of them), each sample standing for the columns up to
 // the next one.
 
 const (

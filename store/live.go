@@ -71,7 +71,7 @@ func (db *DB) LiveAtSeq(id string, seq int64) (*LiveSet, error) {
 }
 
 // liveAtSeq reads the layout from its checkpoint (at most checkpointEvery
-// events replayed), then the alloc times of its live blocks from the
+// events replayed, or as many as the checkpoint has blocks), then the alloc times of its live blocks from the
 // chunks that hold their alloc events, their stacks and their extras: the
 // cost follows the live set, not the trace's length.
 func (r *reader) liveAtSeq(seq int64) (*LiveSet, error) {

@@ -292,6 +292,45 @@ func initialLayout() (*gpu.Layout, *gen) {
 	return l, g
 }
 
+// A layout of more blocks than checkpointEvery is checkpointed every as
+// many events as it has blocks, not every checkpointEvery: its
+// checkpoints stay in proportion to the events; and the layout at any
+// event still reads back exactly.
+func TestLargeLayoutCheckpoints(t *testing.T) {
+	db, _ := openTemp(t)
+	g := newGen(11, 2*checkpointEvery+4000)
+	g.events(12 * checkpointEvery) // up to the target: a large layout to start from
+	initial := g.l.Clone()
+	g.seq = 0
+	blocks := 0
+	for _, s := range initial.Segments {
+		blocks += len(s.Blocks)
+	}
+	if blocks <= 2*checkpointEvery {
+		t.Fatalf("the starting layout has %d blocks, want more than %d", blocks, 2*checkpointEvery)
+	}
+	evs := g.events(5 * checkpointEvery)
+	w := writeTrace(t, db, initial, evs, 0)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.r.QueryRow("SELECT count(*) FROM checkpoints WHERE tid = ?", w.tid).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if most := 1 + len(evs)/(2*checkpointEvery); n > most {
+		t.Errorf("%d checkpoints for %d events of a %d-block layout, want at most %d", n, len(evs), blocks, most)
+	}
+	ref := &reference{initial, evs}
+	for _, seq := range []int64{-1, 0, checkpointEvery, 2*checkpointEvery + 1, int64(blocks), int64(blocks) + 7, int64(len(evs) - 1)} {
+		got, _, err := db.LayoutAtSeq(w.ID(), seq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sameLayout(t, fmt.Sprintf("seq %d", seq), got, ref.layoutAtSeq(seq))
+	}
+}
+
 func TestLayoutAt(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()

@@ -23,8 +23,13 @@ const (
 	// flushDelay: how long an event may wait for its commit, so live
 	// viewers and crash recovery see slow streams too.
 	flushDelay = 200 * time.Millisecond
-	// checkpointEvery: a layout checkpoint every this many events; LayoutAt
-	// decodes one and applies at most this many events.
+	// checkpointEvery: a layout checkpoint every this many events, or
+	// every as many events as the last checkpoint had blocks when that is
+	// more: LayoutAt decodes one and applies at most that many events, so
+	// a large layout costs no more than twice its decoding to read, and its
+	// checkpoints take room in proportion to the events, not their number
+	// times the layout (64k blocks every 8192 events made checkpoints eight
+	// times the events' size).
 	checkpointEvery = 8192
 	// levelMinEvents: usage buckets with fewer events are not stored (their
 	// events are decoded instead), which keeps the pyramid to a few percent
@@ -163,6 +168,9 @@ type Writer struct {
 	pend    pending
 	timer   *time.Timer
 	dropped string // JSON of gpu.Dropped, stored with the last batch
+	// sinceCheckpoint counts the events since the last checkpoint, which
+	// held checkpointBlocks blocks.
+	sinceCheckpoint, checkpointBlocks int
 
 	errMu sync.Mutex
 	err   error
@@ -274,6 +282,10 @@ func newWriter(db *DB, l *gpu.Layout) *Writer {
 // checkpoint is the layout and the statistics after event seq.
 func (w *Writer) checkpoint(seq int64) checkpointRow {
 	st, _ := w.stats.Stats().AppendBinary(nil)
+	w.sinceCheckpoint, w.checkpointBlocks = 0, 0
+	for i := range w.layout.Segments {
+		w.checkpointBlocks += len(w.layout.Segments[i].Blocks)
+	}
 	return checkpointRow{seq, appendLayout(nil, w.layout), st}
 }
 
@@ -421,7 +433,7 @@ func (w *Writer) add(e gpu.Event) error {
 	}
 	w.n++
 	w.lastSeq, w.lastUS = e.Seq, e.TimeUS
-	if w.n%checkpointEvery == 0 {
+	if w.sinceCheckpoint++; w.sinceCheckpoint >= max(checkpointEvery, w.checkpointBlocks) {
 		w.pend.checkpoints = append(w.pend.checkpoints, w.checkpoint(e.Seq))
 	}
 	return nil
