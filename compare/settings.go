@@ -3,38 +3,17 @@ package compare
 import (
 	"encoding/json"
 	"slices"
-	"strings"
 
 	"vramscope/gpu/caching"
 	"vramscope/store"
 )
-
-// setting copies one setting of a configuration onto another.
-type setting struct {
-	key  string
-	copy func(dst *caching.Config, src caching.Config)
-}
-
-// settings are the allocator settings PYTORCH_CUDA_ALLOC_CONF sets, each
-// written as caching.Config.String writes it.
-var settings = []setting{
-	{"expandable_segments", func(d *caching.Config, s caching.Config) { d.Expandable = s.Expandable }},
-	{"max_split_size_mb", func(d *caching.Config, s caching.Config) { d.MaxSplitSize = s.MaxSplitSize }},
-	{"max_non_split_rounding_mb", func(d *caching.Config, s caching.Config) { d.MaxNonSplitRounding = s.MaxNonSplitRounding }},
-	{"roundup_power2_divisions", func(d *caching.Config, s caching.Config) { d.RoundupDivisions = s.RoundupDivisions }},
-	{"garbage_collection_threshold", func(d *caching.Config, s caching.Config) {
-		d.GarbageCollectionThreshold = s.GarbageCollectionThreshold
-	}},
-	{"per_process_memory_fraction", func(d *caching.Config, s caching.Config) { d.MemoryFraction = s.MemoryFraction }},
-	{"release_lock_on_cudamalloc", func(d *caching.Config, s caching.Config) { d.ReleaseLockOnCudaMalloc = s.ReleaseLockOnCudaMalloc }},
-}
 
 // settingsDiff lists every allocator setting of two traces' settings
 // strings, "default" where one leaves it at PyTorch's default. Settings
 // that do not parse (a database from before imports checked them) are
 // shown as written, first.
 func settingsDiff(a, b string) []Setting {
-	var cfgs [2]caching.Config
+	var kvs [2][]caching.KeyValue
 	var out []Setting
 	for i, s := range []string{a, b} {
 		c, err := caching.ParseConfig(s)
@@ -44,19 +23,16 @@ func settingsDiff(a, b string) []Setting {
 			}
 			c = caching.DefaultConfig()
 		}
-		cfgs[i] = c
+		kvs[i] = c.Settings()
 	}
-	for _, s := range settings {
-		var v [2]string
-		for i, c := range cfgs {
-			d := caching.DefaultConfig()
-			s.copy(&d, c)
-			v[i] = strings.TrimPrefix(d.String(), s.key+":")
+	for k, kv := range kvs[0] {
+		v := [2]string{kv.Value, kvs[1][k].Value}
+		for i := range v {
 			if v[i] == "" {
 				v[i] = "default"
 			}
 		}
-		out = append(out, Setting{Key: s.key, A: v[0], B: v[1], Differs: v[0] != v[1]})
+		out = append(out, Setting{Key: kv.Key, A: v[0], B: v[1], Differs: v[0] != v[1]})
 	}
 	return out
 }

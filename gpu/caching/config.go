@@ -271,37 +271,46 @@ func (p *parser) roundup(table *[gpu.RoundupIntervals]uint64) error {
 // PYTORCH_CUDA_ALLOC_CONF syntax.
 func (c Config) String() string {
 	var parts []string
-	if c.Expandable {
-		parts = append(parts, "expandable_segments:True")
+	for _, kv := range c.Settings() {
+		if kv.Value != "" {
+			parts = append(parts, kv.Key+":"+kv.Value)
+		}
 	}
-	if c.MaxSplitSize != 0 && c.MaxSplitSize != gpu.Unlimited {
-		parts = append(parts, fmt.Sprintf("max_split_size_mb:%d", c.MaxSplitSize>>20))
-	}
-	if c.MaxNonSplitRounding != 0 && c.MaxNonSplitRounding != gpu.LargeBuffer {
-		parts = append(parts, fmt.Sprintf("max_non_split_rounding_mb:%d", c.MaxNonSplitRounding>>20))
-	}
-	if c.GarbageCollectionThreshold > 0 {
-		parts = append(parts, "garbage_collection_threshold:"+strconv.FormatFloat(c.GarbageCollectionThreshold, 'g', -1, 64))
-	}
-	if c.MemoryFraction > 0 {
-		parts = append(parts, "per_process_memory_fraction:"+strconv.FormatFloat(c.MemoryFraction, 'g', -1, 64))
-	}
-	if c.ReleaseLockOnCudaMalloc {
-		parts = append(parts, "release_lock_on_cudamalloc:True")
+	return strings.Join(parts, ",")
+}
+
+// KeyValue is one PYTORCH_CUDA_ALLOC_CONF setting as written; Value is
+// "" where the setting is at PyTorch's default.
+type KeyValue struct{ Key, Value string }
+
+// Settings lists every setting PYTORCH_CUDA_ALLOC_CONF sets, in the order
+// String writes them, each as written or "" at its default.
+func (c Config) Settings() []KeyValue {
+	kv := func(key string, set bool, value string) KeyValue {
+		if !set {
+			value = ""
+		}
+		return KeyValue{key, value}
 	}
 	uniform := true
 	for _, d := range c.RoundupDivisions {
 		uniform = uniform && d == c.RoundupDivisions[0]
 	}
-	switch {
-	case uniform && c.RoundupDivisions[0] != 0:
-		parts = append(parts, fmt.Sprintf("roundup_power2_divisions:%d", c.RoundupDivisions[0]))
-	case !uniform:
+	roundup := fmt.Sprint(c.RoundupDivisions[0])
+	if !uniform {
 		var items []string
 		for i, d := range c.RoundupDivisions {
 			items = append(items, fmt.Sprintf("%d:%d", uint64(1)<<i, d))
 		}
-		parts = append(parts, "roundup_power2_divisions:["+strings.Join(items, ",")+"]")
+		roundup = "[" + strings.Join(items, ",") + "]"
 	}
-	return strings.Join(parts, ",")
+	return []KeyValue{
+		kv("expandable_segments", c.Expandable, "True"),
+		kv("max_split_size_mb", c.MaxSplitSize != 0 && c.MaxSplitSize != gpu.Unlimited, fmt.Sprint(c.MaxSplitSize>>20)),
+		kv("max_non_split_rounding_mb", c.MaxNonSplitRounding != 0 && c.MaxNonSplitRounding != gpu.LargeBuffer, fmt.Sprint(c.MaxNonSplitRounding>>20)),
+		kv("garbage_collection_threshold", c.GarbageCollectionThreshold > 0, strconv.FormatFloat(c.GarbageCollectionThreshold, 'g', -1, 64)),
+		kv("per_process_memory_fraction", c.MemoryFraction > 0, strconv.FormatFloat(c.MemoryFraction, 'g', -1, 64)),
+		kv("release_lock_on_cudamalloc", c.ReleaseLockOnCudaMalloc, "True"),
+		kv("roundup_power2_divisions", !uniform || c.RoundupDivisions[0] != 0, roundup),
+	}
 }
