@@ -37,13 +37,34 @@ type RunSource interface {
 	Concurrent() bool
 }
 
-// RunRank is one file of an imported run: its rank, name, decoded
-// devices and their traces (by device, as in Devices).
+// RunRank is one file of an imported run: its rank, name, and the
+// figures and trace of each device it held, by device. The decoded
+// devices themselves are let go once stored: a run of many big files
+// would otherwise hold them all until its end.
 type RunRank struct {
 	Rank    int
 	Name    string
-	Devices []*pytorch.Trace
+	Devices []DeviceFigures
 	Traces  []string
+}
+
+// DeviceFigures are what a decoded device held at snapshot time.
+type DeviceFigures struct {
+	Device    int    `json:"device"`
+	Segments  int    `json:"segments"`
+	Blocks    int    `json:"blocks"`
+	Events    int    `json:"events"`
+	Allocated uint64 `json:"allocated_bytes"`
+	Reserved  uint64 `json:"reserved_bytes"`
+	OOMs      int    `json:"ooms"`
+	TraceID   string `json:"trace_id,omitempty"`
+}
+
+// FiguresOf sums up a decoded device.
+func FiguresOf(t *pytorch.Trace) DeviceFigures {
+	fg := t.Final.Figures()
+	return DeviceFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
+		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
 }
 
 // Run decodes and stores the files of src as the ranks of a new run named
@@ -133,8 +154,12 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 					fail(fileError(f.Name, err))
 					return
 				}
+				figs := make([]DeviceFigures, len(traces))
+				for i, t := range traces {
+					figs[i] = FiguresOf(t)
+				}
 				mu.Lock()
-				files[place].Rank, files[place].Devices, found[place], stages[place] = rank, traces, ok, s
+				files[place].Rank, files[place].Devices, found[place], stages[place] = rank, figs, ok, s
 				mu.Unlock()
 			}
 		}()
@@ -172,6 +197,9 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 		s.Upload.Rank = files[i].Rank
 		ups[i] = store.StagedUpload(*s)
 		files[i].Traces = s.traceIDs()
+		for j := range files[i].Devices {
+			files[i].Devices[j].TraceID = files[i].Traces[j]
+		}
 	}
 	run, err := db.PublishRun(name, world, ups)
 	if err != nil {

@@ -70,7 +70,12 @@ func TestRunOfRealSnapshots(t *testing.T) {
 	if oom := r.Ranks[1].Traces[1]; oom.OOMs != 1 || oom.PeakAllocated == 0 {
 		t.Errorf("rank 1, device 1: %+v", oom)
 	}
-	alone, err := ingest.Store(context.Background(), db, ranks[1].Devices, "alone")
+	f, err := os.Open(files[1])
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	alone, err := ingest.Snapshot(db, f, "alone", pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,18 +20,6 @@ func init() {
 	register("import", "import a PyTorch memory snapshot (pickle, JSON or gzip) into the database", runImport)
 }
 
-// importFigures is one device's line of import --json, at snapshot time.
-type importFigures struct {
-	Device    int    `json:"device"`
-	Segments  int    `json:"segments"`
-	Blocks    int    `json:"blocks"`
-	Events    int    `json:"events"`
-	Allocated uint64 `json:"allocated_bytes"`
-	Reserved  uint64 `json:"reserved_bytes"`
-	OOMs      int    `json:"ooms"`
-	TraceID   string `json:"trace_id,omitempty"`
-}
-
 func runImport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("import", stderr)
 	name := fs.String("name", "", "trace name (default: the file name, plus the device)")
@@ -87,9 +75,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return inputError{fmt.Errorf("%s: %w", path, err)}
 	}
-	out := make([]importFigures, len(chosen))
+	out := make([]ingest.DeviceFigures, len(chosen))
 	for i, t := range chosen {
-		out[i] = figuresOf(t)
+		out[i] = ingest.FiguresOf(t)
 		for _, m := range t.Mismatches {
 			fmt.Fprintf(stderr, "vramscope import: device %d: %v\n", t.Device, &m)
 		}
@@ -118,18 +106,13 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(map[string]any{"devices": out})
 	}
 	for _, o := range out {
-		o.print(stdout, "", *addr)
+		printFigures(stdout, o, "", *addr)
 	}
 	return nil
 }
 
-func figuresOf(t *pytorch.Trace) importFigures {
-	fg := t.Final.Figures()
-	return importFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
-		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
-}
-
-func (o importFigures) print(w io.Writer, prefix, addr string) {
+// printFigures prints a device's line of import.
+func printFigures(w io.Writer, o ingest.DeviceFigures, prefix, addr string) {
 	fmt.Fprintf(w, "%sdevice %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
 		prefix, o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
 	if o.TraceID != "" {
@@ -140,9 +123,9 @@ func (o importFigures) print(w io.Writer, prefix, addr string) {
 
 // runRankJSON is one rank of import --run --json.
 type runRankJSON struct {
-	Rank    int             `json:"rank"`
-	File    string          `json:"file"`
-	Devices []importFigures `json:"devices"`
+	Rank    int                    `json:"rank"`
+	File    string                 `json:"file"`
+	Devices []ingest.DeviceFigures `json:"devices"`
 }
 
 // importRun imports files (folders stand for their files) as one run.
@@ -180,12 +163,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	}
 	out := make([]runRankJSON, len(got))
 	for i, r := range got {
-		out[i] = runRankJSON{Rank: r.Rank, File: r.Name}
-		for j, t := range r.Devices {
-			f := figuresOf(t)
-			f.TraceID = r.Traces[j]
-			out[i].Devices = append(out[i].Devices, f)
-		}
+		out[i] = runRankJSON{Rank: r.Rank, File: r.Name, Devices: r.Devices}
 	}
 	if asJSON {
 		enc := json.NewEncoder(stdout)
@@ -194,7 +172,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	}
 	for _, r := range out {
 		for _, d := range r.Devices {
-			d.print(stdout, fmt.Sprintf("rank %d (%s) ", r.Rank, r.File), addr)
+			printFigures(stdout, d, fmt.Sprintf("rank %d (%s) ", r.Rank, r.File), addr)
 		}
 	}
 	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
