@@ -166,6 +166,21 @@ func TestBrowserRealSnapshot(t *testing.T) {
 	seq := within(t, ctx, "first match", chromedp.Evaluate[string](`document.querySelector('`+made+`').dataset.seq`))
 	within(t, ctx, "click match", chromedp.Click(made))
 	within(t, ctx, "selected", chromedp.Poll[bool](fmt.Sprintf(`document.querySelector("#panel-selection h3")?.textContent === "Allocation #%s"`, seq)))
+
+	// A match made before the trace began selects its block, which says so
+	// (not "alloc #-1").
+	within(t, ctx, "back to the matches", chromedp.Click(`#tab-search`))
+	within(t, ctx, "click a match from before", chromedp.Click(`#search-results tr.match[data-seq="-1"]`))
+	within(t, ctx, "its block", chromedp.Poll[bool](`(() => { const s = document.getElementById("panel-selection");
+		return !s.hidden && s.querySelector("h3")?.textContent.startsWith("Block at 0x") && s.textContent.includes("before the trace began") && !s.textContent.includes("#-1"); })()`))
+
+	// "At cursor" follows the cursor: each new map replaces "Loading…".
+	within(t, ctx, "at cursor", chromedp.Click(`#tab-cursor`))
+	for range 3 {
+		key(t, ctx, kb.ArrowDown)
+		within(t, ctx, "the cursor's figures", chromedp.Poll[bool](`vramscope.segmap.data !== null && (() => { const c = document.getElementById("panel-cursor").textContent;
+			return c.includes("right after event " + vramscope.segmap.data.seq + ")") && !c.includes("Loading"); })()`))
+	}
 }
 
 // smallAllocation picks an allocation of the trace smaller than a pixel at
