@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 
+	"vramscope/server/guard"
 	"vramscope/store"
 )
 
@@ -26,14 +27,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 }
 
 // writeError sends {"error": "..."}.
-func writeError(w http.ResponseWriter, status int, format string, args ...any) {
-	b, _ := json.Marshal(map[string]string{"error": fmt.Sprintf(format, args...)})
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Del("Content-Encoding")
-	w.WriteHeader(status)
-	w.Write(b)
-}
+var writeError = guard.WriteError
 
 // storeError maps a store error to its status: 404 for unknown things,
 // 500 for the rest (logged, since it is our fault).
