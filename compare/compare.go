@@ -53,6 +53,9 @@ type Options struct {
 	At *int64
 	// Rows caps each moment's table (DefaultRows when 0; -1: every row).
 	Rows int
+	// MaxEvents is how many events of a trace are compared whole
+	// (store.MaxEventTotals when 0); a longer trace is sampled.
+	MaxEvents int
 	// Cats gives the trace's categorizers (their regions read once); nil
 	// reads them anew.
 	Cats *attrib.Cache
@@ -90,6 +93,10 @@ type Side struct {
 	Needed Needed `json:"needed"`
 	// Range is the aligned positions of its first and last event.
 	Range [2]int64 `json:"range"`
+	// SampledEvery is 0 when every event is compared; else the trace has
+	// more events than a comparison holds, and each kept event stands for
+	// this many (those with the least and the most bytes: peaks stay).
+	SampledEvery int `json:"sampled_every,omitempty"`
 }
 
 // StepMark is the start of training step N on the aligned axis.
@@ -208,7 +215,7 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	}
 	var sides [2]*trace
 	for i, id := range []string{a, b} {
-		t, err := load(db, id, o.Cats)
+		t, err := load(db, id, o.Cats, o.MaxEvents)
 		if err != nil {
 			return nil, err
 		}
@@ -267,7 +274,7 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	return res, nil
 }
 
-func load(db *store.DB, id string, cache *attrib.Cache) (*trace, error) {
+func load(db *store.DB, id string, cache *attrib.Cache, most int) (*trace, error) {
 	var c *attrib.Categorizer
 	var err error
 	if cache != nil {
@@ -282,7 +289,10 @@ func load(db *store.DB, id string, cache *attrib.Cache) (*trace, error) {
 	if err != nil {
 		return nil, err
 	}
-	s, err := db.EventTotals(id)
+	if most <= 0 {
+		most = store.MaxEventTotals
+	}
+	s, err := db.EventTotals(id, most)
 	if err != nil {
 		return nil, err
 	}
@@ -295,6 +305,9 @@ func load(db *store.DB, id string, cache *attrib.Cache) (*trace, error) {
 
 func side(t *trace) Side {
 	sd := Side{Trace: t.t, Steps: []StepMark{}}
+	if t.s.Every > 1 {
+		sd.SampledEvery = t.s.Every
+	}
 	if n := len(t.pos); n > 0 {
 		sd.Range = [2]int64{t.pos[0], t.pos[n-1]}
 	}
@@ -336,12 +349,21 @@ func align(a, b *trace, want Align) (Align, string) {
 	for _, t := range []*trace{a, b} {
 		t.pos = make([]int64, len(t.s.Seq))
 		if want == ByEvent {
-			// A time is placed at the first event at or after it.
-			t.place = func(us int64) int64 {
-				return int64(sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] >= us }))
+			// An event's place is its index since the first (its seq's
+			// distance: the events kept of a sampled trace keep theirs);
+			// a time is placed at the first event at or after it.
+			for i, seq := range t.s.Seq {
+				t.pos[i] = seq - t.s.Seq[0]
 			}
-			for i := range t.pos {
-				t.pos[i] = int64(i)
+			t.place = func(us int64) int64 {
+				i := sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] >= us })
+				switch {
+				case i < len(t.pos):
+					return t.pos[i]
+				case i == 0:
+					return 0
+				}
+				return t.pos[i-1] + 1 // after the last event
 			}
 			continue
 		}

@@ -190,7 +190,7 @@ func TestEventTotals(t *testing.T) {
 	db := testkit.OpenDB(t)
 	id := testkit.Record(t, db, "train", smallTrain(true, 256), 80<<30, "")
 	tr, _ := db.Trace(id)
-	s, err := db.EventTotals(id)
+	s, err := db.EventTotals(id, store.MaxEventTotals)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +204,63 @@ func TestEventTotals(t *testing.T) {
 	}
 	if int64(len(s.Seq)) != tr.Events || peak != tr.PeakAllocated || at != tr.PeakSeq || res != tr.PeakReserved {
 		t.Errorf("%d events, peak %d after %d, reserved %d; the trace: %+v", len(s.Seq), peak, at, res, tr)
+	}
+}
+
+// A trace of more events than a comparison holds is sampled: the kept
+// events rise in seq from the first to the last, hold the peaks of
+// allocated (at the peak's own event) and reserved bytes, and compared
+// with itself it differs nowhere.
+func TestSampledTrace(t *testing.T) {
+	db := testkit.OpenDB(t)
+	id := testkit.Record(t, db, "train", smallTrain(true, 256), 80<<30, "")
+	tr, _ := db.Trace(id)
+	const most = 300
+	s, err := db.EventTotals(id, most)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Every < 2 || len(s.Seq) > most+2 || len(s.Seq) < most/4 {
+		t.Fatalf("%d of %d events kept, every %d", len(s.Seq), tr.Events, s.Every)
+	}
+	if s.Seq[0] != tr.FirstSeq || s.Seq[len(s.Seq)-1] != tr.LastSeq {
+		t.Errorf("kept events %d..%d, the trace's %d..%d", s.Seq[0], s.Seq[len(s.Seq)-1], tr.FirstSeq, tr.LastSeq)
+	}
+	var peak, res uint64
+	at := int64(-1)
+	for i, v := range s.Allocated {
+		if i > 0 && s.Seq[i] <= s.Seq[i-1] {
+			t.Fatalf("seq %d after %d", s.Seq[i], s.Seq[i-1])
+		}
+		if v > peak {
+			peak, at = v, s.Seq[i]
+		}
+		res = max(res, s.Reserved[i])
+	}
+	if peak != tr.PeakAllocated || at != tr.PeakSeq || res != tr.PeakReserved {
+		t.Errorf("sampled: peak %d after %d, reserved %d; the trace: %d after %d, %d", peak, at, res, tr.PeakAllocated, tr.PeakSeq, tr.PeakReserved)
+	}
+	for _, al := range []compare.Align{compare.ByTime, compare.ByEvent} {
+		r, err := compare.Compare(db, id, id, compare.Options{Align: al, MaxEvents: most})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.A.SampledEvery != s.Every || r.B.SampledEvery != s.Every {
+			t.Errorf("%s: sampled every %d and %d, want %d", al, r.A.SampledEvery, r.B.SampledEvery, s.Every)
+		}
+		for _, m := range r.Moments {
+			if m.Divergence != 0 || m.A != m.B {
+				t.Errorf("%s: %s: %+v against %+v", al, m.Key, m.A, m.B)
+			}
+			for _, row := range m.Rows {
+				if row.Delta != 0 {
+					t.Errorf("%s: %s: %+v", al, m.Key, row)
+				}
+			}
+		}
+		if pa := r.Moments[0]; pa.A.Seq != tr.PeakSeq || pa.A.Allocated != tr.PeakAllocated {
+			t.Errorf("%s: A's peak moment %+v, the trace peaks at %d after %d", al, pa.A, tr.PeakAllocated, tr.PeakSeq)
+		}
 	}
 }
 

@@ -55,10 +55,6 @@ func (s *Server) apiCompare(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	res, err := compare.Compare(s.opt.DB, chi.URLParam(r, "a"), chi.URLParam(r, "b"), o)
-	if errors.Is(err, store.ErrTooLong) {
-		writeError(w, http.StatusUnprocessableEntity, "%v", err)
-		return
-	}
 	if err != nil {
 		s.storeError(w, r, err)
 		return

@@ -79,8 +79,13 @@ async function load() {
 function show() {
   const d = page.data;
   const note = document.getElementById("align-note");
-  note.hidden = !d.align_note;
-  note.textContent = d.align_note ? d.align_note[0].toUpperCase() + d.align_note.slice(1) + "." : "";
+  const notes = [];
+  if (d.align_note) notes.push(d.align_note[0].toUpperCase() + d.align_note.slice(1) + ".");
+  for (const [k, s] of [["A", d.a], ["B", d.b]]) {
+    if (s.sampled_every > 1) notes.push(`${k} is compared at a sample of its events: each kept event stands for ${s.sampled_every} (those with the least and the most bytes).`);
+  }
+  note.hidden = notes.length === 0;
+  note.textContent = notes.join(" ");
   for (const b of document.querySelectorAll("[data-align]")) b.setAttribute("aria-pressed", String(b.dataset.align === page.align));
   document.getElementById("group").value = page.group;
   document.getElementById("axis-label").textContent = {
