@@ -107,25 +107,6 @@ func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// layoutJSON is the segment map at one instant, in flat columns so that
-// a hundred thousand blocks stay a compact answer:
-// segments: address, size, stream, pool (0 unknown, 1 small, 2 large),
-// expandable (0/1), index of its first block, block count;
-// blocks: address, size, requested size, state (0 cached free,
-// 1 allocated, 2 pending free), alloc seq (-1 unknown), stack id.
-type layoutJSON struct {
-	TimeUS       int64       `json:"t"`
-	Seq          int64       `json:"seq"`
-	Figures      gpu.Figures `json:"figures"`
-	LargestFree  uint64      `json:"largest_free_address"`
-	Segments     []int64     `json:"segments"`
-	Blocks       []int64     `json:"blocks"`
-	SegmentCount int         `json:"segment_count"`
-	BlockCount   int         `json:"block_count"`
-}
-
-const segCols, blockCols = 7, 6
-
 func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	// seq asks for the layout right after that event (an incident's oom),
@@ -156,36 +137,7 @@ func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	out := layoutJSON{TimeUS: t, Seq: seq, Figures: l.Figures(), SegmentCount: len(l.Segments)}
-	var largest uint64
-	for i := range l.Segments {
-		sg := &l.Segments[i]
-		exp := int64(0)
-		if sg.Expandable {
-			exp = 1
-		}
-		out.Segments = append(out.Segments, int64(sg.Addr), int64(sg.Size), sg.Stream, int64(sg.Pool), exp,
-			int64(len(out.Blocks)/blockCols), int64(len(sg.Blocks)))
-		for _, b := range sg.Blocks {
-			state := int64(0)
-			switch b.State {
-			case gpu.BlockAllocated:
-				state = 1
-			case gpu.BlockPendingFree:
-				state = 2
-			default:
-				if b.Size > largest {
-					largest, out.LargestFree = b.Size, b.Addr
-				}
-			}
-			out.Blocks = append(out.Blocks, int64(b.Addr), int64(b.Size), int64(b.Requested), state, b.Seq, int64(b.Stack))
-		}
-	}
-	out.BlockCount = len(out.Blocks) / blockCols
-	if out.Segments == nil {
-		out.Segments, out.Blocks = []int64{}, []int64{}
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, store.NewLayoutColumns(l, t, seq))
 }
 
 type eventJSON struct {

@@ -302,17 +302,17 @@ func decodeBandsBinary(t *testing.T, b []byte) store.Bands {
 func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
-	var l layoutJSON
+	var l store.LayoutColumns
 	mid := (tr.FirstUS + tr.LastUS) / 2
 	f.getJSON(t, "/api/traces/"+f.id+"/layout?t="+itoa(mid), &l)
-	if l.SegmentCount == 0 || len(l.Segments) != segCols*l.SegmentCount || len(l.Blocks) != blockCols*l.BlockCount {
+	if l.SegmentCount == 0 || len(l.Segments) != store.SegmentColumns*l.SegmentCount || len(l.Blocks) != store.BlockColumns*l.BlockCount {
 		t.Fatalf("layout: %d segments (%d values), %d blocks (%d values)", l.SegmentCount, len(l.Segments), l.BlockCount, len(l.Blocks))
 	}
 	var reserved, allocated int64
-	for i := 0; i < len(l.Segments); i += segCols {
+	for i := 0; i < len(l.Segments); i += store.SegmentColumns {
 		reserved += l.Segments[i+1]
 	}
-	for i := 0; i < len(l.Blocks); i += blockCols {
+	for i := 0; i < len(l.Blocks); i += store.BlockColumns {
 		if l.Blocks[i+3] == 1 {
 			allocated += l.Blocks[i+1]
 		}
@@ -335,10 +335,10 @@ func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
 
 func TestAllocationEventsAndStack(t *testing.T) {
 	f := newFixture(t, Options{})
-	var l layoutJSON
+	var l store.LayoutColumns
 	f.getJSON(t, "/api/traces/"+f.id+"/layout?t="+itoa((f.trace.FirstUS+f.trace.LastUS)/2), &l)
 	var seq int64 = -1
-	for i := 0; i < len(l.Blocks); i += blockCols {
+	for i := 0; i < len(l.Blocks); i += store.BlockColumns {
 		if l.Blocks[i+3] == 1 && l.Blocks[i+1] == 96<<20 {
 			seq = l.Blocks[i+4]
 		}

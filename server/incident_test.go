@@ -132,7 +132,7 @@ func TestIncidentFragmentation(t *testing.T) {
 	}
 
 	// The map the page draws is the one analyzed: right after the oom event.
-	var l layoutJSON
+	var l store.LayoutColumns
 	getJSON(t, srv.URL+"/api/traces/"+id+"/layout?seq="+itoa(in.Seq), http.StatusOK, &l)
 	if l.Seq != in.Seq || l.TimeUS != in.TimeUS || l.Figures != r.Figures {
 		t.Fatalf("layout at the OOM: seq %d t %d %+v, report %+v", l.Seq, l.TimeUS, l.Figures, r.Figures)

@@ -3,6 +3,8 @@ package store
 import (
 	"encoding/binary"
 	"math"
+
+	"vramscope/gpu"
 )
 
 // UsageColumns is a usage timeline in columns, the form pages read: bucket
@@ -30,6 +32,59 @@ func (u Usage) Columns() UsageColumns {
 		out.Allocated = append(out.Allocated, b.Allocated.Min, b.Allocated.Max)
 		out.Active = append(out.Active, b.Active.Min, b.Active.Max)
 	}
+	return out
+}
+
+// LayoutColumns is the segment map at one instant, in flat columns so
+// that a hundred thousand blocks stay a compact answer: each segment is
+// SegmentColumns numbers (address, size, stream, pool: 0 unknown, 1 small,
+// 2 large; expandable 0/1; index of its first block; block count), each
+// block BlockColumns (address, size, requested size, state: 0 cached
+// free, 1 allocated, 2 pending free; alloc seq, -1 unknown; stack id).
+type LayoutColumns struct {
+	TimeUS       int64       `json:"t"`
+	Seq          int64       `json:"seq"`
+	Figures      gpu.Figures `json:"figures"`
+	LargestFree  uint64      `json:"largest_free_address"`
+	Segments     []int64     `json:"segments"`
+	Blocks       []int64     `json:"blocks"`
+	SegmentCount int         `json:"segment_count"`
+	BlockCount   int         `json:"block_count"`
+}
+
+// SegmentColumns and BlockColumns are how many numbers a segment and a
+// block take in a LayoutColumns.
+const SegmentColumns, BlockColumns = 7, 6
+
+// NewLayoutColumns lays out l, the layout right after event seq at time t.
+func NewLayoutColumns(l *gpu.Layout, t, seq int64) LayoutColumns {
+	out := LayoutColumns{TimeUS: t, Seq: seq, Figures: l.Figures(), SegmentCount: len(l.Segments),
+		Segments: []int64{}, Blocks: []int64{}}
+	var largest uint64
+	for i := range l.Segments {
+		sg := &l.Segments[i]
+		exp := int64(0)
+		if sg.Expandable {
+			exp = 1
+		}
+		out.Segments = append(out.Segments, int64(sg.Addr), int64(sg.Size), sg.Stream, int64(sg.Pool), exp,
+			int64(len(out.Blocks)/BlockColumns), int64(len(sg.Blocks)))
+		for _, b := range sg.Blocks {
+			state := int64(0)
+			switch b.State {
+			case gpu.BlockAllocated:
+				state = 1
+			case gpu.BlockPendingFree:
+				state = 2
+			default:
+				if b.Size > largest {
+					largest, out.LargestFree = b.Size, b.Addr
+				}
+			}
+			out.Blocks = append(out.Blocks, int64(b.Addr), int64(b.Size), int64(b.Requested), state, b.Seq, int64(b.Stack))
+		}
+	}
+	out.BlockCount = len(out.Blocks) / BlockColumns
 	return out
 }
 
