@@ -98,19 +98,7 @@ func benchDB(b *testing.B, n int) (*DB, gpu.Trace) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var batch []gpu.Event
-	for written := 0; written < n; {
-		batch = batch[:0]
-		for len(batch) < 4096 {
-			batch = g.next(batch)
-		}
-		batch = batch[:min(len(batch), n-written)]
-		w.Emit(batch)
-		written += len(batch)
-	}
-	if err := w.Close(gpu.StatusComplete); err != nil {
-		b.Fatal(err)
-	}
+	emitGenerated(b, w, g, n)
 	t, err := db.Trace(w.ID())
 	if err != nil {
 		b.Fatal(err)
@@ -196,4 +184,22 @@ func BenchmarkStatsAt(b *testing.B) {
 		_, _, err := db.StatsAt(t.ID, t.FirstUS+rng.Int64N(t.LastUS-t.FirstUS+1))
 		return err
 	})
+}
+
+// emitGenerated writes n events of g through w in batches of about 4096
+// and closes the trace complete.
+func emitGenerated(b *testing.B, w *Writer, g *gen, n int) {
+	var batch []gpu.Event
+	for written := 0; written < n; {
+		batch = batch[:0]
+		for len(batch) < 4096 {
+			batch = g.next(batch)
+		}
+		batch = batch[:min(len(batch), n-written)]
+		w.Emit(batch)
+		written += len(batch)
+	}
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		b.Fatal(err)
+	}
 }

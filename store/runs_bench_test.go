@@ -46,19 +46,7 @@ func benchRunDB(b *testing.B, ranks, n int) (*DB, gpu.Run) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	var batch []gpu.Event
-	for written := 0; written < n; {
-		batch = batch[:0]
-		for len(batch) < 4096 {
-			batch = g.next(batch)
-		}
-		batch = batch[:min(len(batch), n-written)]
-		w.Emit(batch)
-		written += len(batch)
-	}
-	if err := w.Close(gpu.StatusComplete); err != nil {
-		b.Fatal(err)
-	}
+	emitGenerated(b, w, g, n)
 	for rank := 1; rank < ranks; rank++ {
 		up, err := db.CreateUpload(gpu.Upload{Name: fmt.Sprintf("rank %d", rank), Top: "{}", Run: run, Rank: rank})
 		if err != nil {
