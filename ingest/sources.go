@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"sort"
@@ -106,8 +107,8 @@ func (s *oneSource) Next() (RunFile, error) {
 }
 
 // SnapshotFiles lists the files a command line names, in order: a folder
-// stands for the files in it and its subfolders (rank3/snapshot.pickle),
-// sorted by path, leaving out hidden ones.
+// stands for the files in it and its subfolders (rank3/snapshot.pickle)
+// and the links in them to files, sorted by path, leaving out hidden ones.
 func SnapshotFiles(args []string) ([]string, error) {
 	var out []string
 	for _, a := range args {
@@ -132,6 +133,12 @@ func SnapshotFiles(args []string) ([]string, error) {
 			}
 			if d.Type().IsRegular() {
 				in = append(in, p)
+			} else if d.Type()&fs.ModeSymlink != 0 {
+				// a link to a file counts (a folder of links to the ranks'
+				// files); links to folders are not followed, so no loop
+				if st, err := os.Stat(p); err == nil && st.Mode().IsRegular() {
+					in = append(in, p)
+				}
 			}
 			return nil
 		})
