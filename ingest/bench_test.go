@@ -67,7 +67,7 @@ func BenchmarkImport616MB(b *testing.B) {
 }
 
 func benchImport(b *testing.B, path string) {
-	defer debug.SetGCPercent(debug.SetGCPercent(pytorch.ImportGCPercent))
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(ingest.MemoryLimit([]string{path})))
 	st, err := os.Stat(path)
 	if err != nil {
 		b.Fatal(err)
@@ -103,9 +103,9 @@ func benchImport(b *testing.B, path string) {
 // every core (run-s), in the same iteration; speedup is their ratio.
 // Run it with -benchtime 1x.
 func BenchmarkImportRun(b *testing.B) {
-	defer debug.SetGCPercent(debug.SetGCPercent(pytorch.ImportGCPercent))
 	path := testkit.SyntheticSnapshot(b, 450_000)
 	paths := slices.Repeat([]string{path}, 8)
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(-1))
 	dir := b.TempDir()
 	var serial, run time.Duration
 	for i := 0; b.Loop(); i++ {
@@ -114,6 +114,7 @@ func BenchmarkImportRun(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		debug.SetMemoryLimit(ingest.MemoryLimit(paths[:1])) // as vramscope import sets it
 		start := time.Now()
 		for _, p := range paths {
 			f, err := os.Open(p)
@@ -131,6 +132,7 @@ func BenchmarkImportRun(b *testing.B) {
 		if db, err = store.Open(filepath.Join(dir, fmt.Sprintf("run%d.db", i))); err != nil {
 			b.Fatal(err)
 		}
+		debug.SetMemoryLimit(ingest.MemoryLimit(paths))
 		runtime.GC()
 		start = time.Now()
 		if _, _, err := ingest.Run(context.Background(), db, "bench", ingest.Files(paths), pytorch.Options{}); err != nil {

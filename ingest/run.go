@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"sort"
@@ -67,6 +68,38 @@ func FiguresOf(t *pytorch.Trace) DeviceFigures {
 		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
 }
 
+// runWorkers is how many files Run decodes side by side: one per core.
+func runWorkers() int { return max(1, runtime.NumCPU()) }
+
+// MemoryLimit is the soft memory limit (debug.SetMemoryLimit) for a
+// process importing the snapshot files paths, several as Run does:
+// pytorch.MemoryLimit of the largest files it decodes at once. It is 0,
+// no limit, when one of them is gzipped (its decoded size is unknown) or
+// cannot be read.
+func MemoryLimit(paths []string) int64 {
+	sizes := make([]int64, len(paths))
+	for i, p := range paths {
+		f, err := os.Open(p)
+		if err != nil {
+			return 0
+		}
+		var head [2]byte
+		_, err = io.ReadFull(f, head[:])
+		st, serr := f.Stat()
+		f.Close()
+		if err == nil && head == [2]byte{0x1f, 0x8b} || serr != nil {
+			return 0
+		}
+		sizes[i] = st.Size()
+	}
+	slices.Sort(sizes)
+	var atOnce int64
+	for _, s := range sizes[max(0, len(sizes)-runWorkers()):] {
+		atOnce += s
+	}
+	return pytorch.MemoryLimit(atOnce)
+}
+
 // Run decodes and stores the files of src as the ranks of a new run named
 // name and returns the run's id and its ranks, by rank. Files are decoded
 // and stored on every core: files on disk side by side, a stream's one
@@ -91,7 +124,7 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 		first   error
 		ended   bool // Next said io.EOF: a source is not asked again
 		wg      sync.WaitGroup
-		workers = max(1, runtime.NumCPU())
+		workers = runWorkers()
 	)
 	fail := func(err error) {
 		mu.Lock()

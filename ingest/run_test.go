@@ -8,8 +8,12 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
+	"slices"
+	"strings"
 	"testing"
 
 	"vramscope/gpu"
@@ -264,3 +268,91 @@ func TestRunFromTar(t *testing.T) {
 }
 
 func bufioOf(b []byte) *bufio.Reader { return bufio.NewReader(bytes.NewReader(b)) }
+
+// TestMemoryLimit: the limit follows the largest files decoded at once,
+// and is left unset for a gzipped file, whose decoded size is unknown.
+func TestMemoryLimit(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	small := write("small.pickle", []byte{0x80, 4})
+	var sizes []int64
+	var big []string
+	for i := range 5 {
+		size := int64(40+i) << 20
+		sizes = append(sizes, size)
+		p := write(fmt.Sprintf("rank%d.pickle", i), nil)
+		if err := os.Truncate(p, size); err != nil {
+			t.Fatal(err)
+		}
+		big = append(big, p)
+	}
+	var zipped bytes.Buffer
+	zw := gzip.NewWriter(&zipped)
+	zw.Write([]byte{0x80, 4})
+	zw.Close()
+	gz := write("rank9.pickle.gz", zipped.Bytes())
+
+	if got := ingest.MemoryLimit([]string{small}); got != pytorch.MemoryLimit(2) || got != 64<<20 {
+		t.Errorf("a small file: limit %d, want the floor, 64 MiB", got)
+	}
+	if got, want := ingest.MemoryLimit(big[:1]), sizes[0]/4*7; got != want {
+		t.Errorf("one file of %d B: limit %d, want %d", sizes[0], got, want)
+	}
+	var atOnce int64 // the largest files, one per core
+	for _, s := range sizes[max(0, len(sizes)-runtime.NumCPU()):] {
+		atOnce += s
+	}
+	if got := ingest.MemoryLimit(big); got != pytorch.MemoryLimit(atOnce) {
+		t.Errorf("a run of %d files on %d cores: limit %d, want %d", len(big), runtime.NumCPU(), got, pytorch.MemoryLimit(atOnce))
+	}
+	for _, paths := range [][]string{{gz}, append(big[:2:2], gz), {filepath.Join(dir, "missing.pickle")}} {
+		if got := ingest.MemoryLimit(paths); got != 0 {
+			t.Errorf("%v: limit %d, want none (0)", paths, got)
+		}
+	}
+}
+
+// TestSnapshotFiles: a folder stands for its files, those of its
+// subfolders and its links to files, sorted, hidden ones left out; links
+// to folders are not followed.
+func TestSnapshotFiles(t *testing.T) {
+	dir := t.TempDir()
+	elsewhere := t.TempDir()
+	mk := func(p string) string {
+		os.MkdirAll(filepath.Dir(p), 0o755)
+		if err := os.WriteFile(p, []byte{0x80}, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	job := filepath.Join(dir, "job")
+	mk(filepath.Join(job, "rank1", "snapshot.pickle"))
+	mk(filepath.Join(job, "rank0", "snapshot.pickle"))
+	mk(filepath.Join(job, ".hidden.pickle"))
+	mk(filepath.Join(job, ".cache", "x.pickle"))
+	if err := os.Symlink(mk(filepath.Join(elsewhere, "r2.pickle")), filepath.Join(job, "rank2.pickle")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(job, filepath.Join(job, "loop")); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ingest.SnapshotFiles([]string{job})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{filepath.Join(job, "rank0", "snapshot.pickle"), filepath.Join(job, "rank1", "snapshot.pickle"), filepath.Join(job, "rank2.pickle")}
+	if !slices.Equal(got, want) {
+		t.Errorf("files %q, want %q", got, want)
+	}
+	empty := filepath.Join(dir, "empty")
+	os.Mkdir(empty, 0o755)
+	if _, err := ingest.SnapshotFiles([]string{empty}); err == nil || !strings.Contains(err.Error(), "no files") {
+		t.Errorf("an empty folder: %v", err)
+	}
+}

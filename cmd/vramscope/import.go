@@ -39,9 +39,6 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if os.Getenv("GOGC") == "" {
-		debug.SetGCPercent(pytorch.ImportGCPercent)
-	}
 	if *run != "" {
 		if flagSet(fs, "device") || *dryRun || *name != "" {
 			return usagef("--run imports every device of every file: not with --device, --dry-run or --name")
@@ -55,6 +52,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return usagef("want one FILE, got %d arguments (several files are the ranks of a run: --run NAME)", len(pos))
 	}
 	path := pos[0]
+	limitMemory([]string{path})
 	f, err := os.Open(path)
 	if err != nil {
 		return inputError{err}
@@ -137,6 +135,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	if err != nil {
 		return inputError{err}
 	}
+	limitMemory(paths)
 	src := ingest.Files(paths)
 	if rankList != "" {
 		ranks, err := ingest.ParseRanks(rankList)
@@ -177,6 +176,14 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	}
 	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
 	return nil
+}
+
+// limitMemory sets the soft memory limit for importing paths, unless the
+// GOMEMLIMIT environment variable sets one.
+func limitMemory(paths []string) {
+	if lim := ingest.MemoryLimit(paths); lim > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(lim)
+	}
 }
 
 // progressReader prints how far a big file has been read, on stderr.

@@ -2,12 +2,15 @@ package main
 
 import (
 	"encoding/json"
+	"math"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"strings"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/ingest"
 	"vramscope/store"
 )
 
@@ -69,6 +72,19 @@ func TestImportStoresTraces(t *testing.T) {
 	}
 	if ins, _ := s.Incidents(traces[0].ID); len(ins) != 1 || ins[0].Size != 402653184 || ins[0].DeviceFree != 264634368 {
 		t.Errorf("incidents %+v", ins)
+	}
+}
+
+// TestImportLimitsMemory: vramscope import sets the soft memory limit
+// for its file.
+func TestImportLimitsMemory(t *testing.T) {
+	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
+	path := filepath.Join(testdata, "oom_nonexpandable.json")
+	if code, _, errs := runCmd("import", path, "--dry-run"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	if got, want := debug.SetMemoryLimit(-1), ingest.MemoryLimit([]string{path}); got != want || want <= 0 {
+		t.Errorf("memory limit %d after the import, want %d", got, want)
 	}
 }
 
