@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"vramscope/ingest"
@@ -43,7 +44,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		if flagSet(fs, "device") || *dryRun || *name != "" {
 			return usagef("--run imports every device of every file: not with --device, --dry-run or --name")
 		}
-		return importRun(*run, pos, *ranks, *dbPath, *addr, *asJSON, stdout)
+		return importRun(*run, pos, *ranks, *dbPath, *addr, *asJSON, stdout, stderr)
 	}
 	if *ranks != "" {
 		return usagef("--ranks goes with --run")
@@ -127,7 +128,7 @@ type runRankJSON struct {
 }
 
 // importRun imports files (folders stand for their files) as one run.
-func importRun(name string, args []string, rankList, dbPath, addr string, asJSON bool, stdout io.Writer) error {
+func importRun(name string, args []string, rankList, dbPath, addr string, asJSON bool, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("--run wants the FILES (or a FOLDER) of its ranks")
 	}
@@ -136,7 +137,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 		return inputError{err}
 	}
 	limitMemory(paths)
-	src := ingest.Files(paths)
+	var src ingest.RunSource = &runProgress{RunSource: ingest.Files(paths), w: stderr, total: len(paths)}
 	if rankList != "" {
 		ranks, err := ingest.ParseRanks(rankList)
 		if err != nil {
@@ -184,6 +185,35 @@ func limitMemory(paths []string) {
 	if lim := ingest.MemoryLimit(paths); lim > 0 && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(lim)
 	}
+}
+
+// runProgress says on w each file of a run once it has been read, and how
+// many of the run's files have been.
+type runProgress struct {
+	ingest.RunSource
+	w     io.Writer
+	total int
+	mu    sync.Mutex
+	read  int
+}
+
+func (p *runProgress) Next() (ingest.RunFile, error) {
+	f, err := p.RunSource.Next()
+	if err != nil {
+		return f, err
+	}
+	closeFile := f.Close
+	f.Close = func() error {
+		p.mu.Lock()
+		p.read++
+		fmt.Fprintf(p.w, "read %s (%d/%d)\n", f.Name, p.read, p.total)
+		p.mu.Unlock()
+		if closeFile != nil {
+			return closeFile()
+		}
+		return nil
+	}
+	return f, nil
 }
 
 // progressReader prints how far a big file has been read, on stderr.

@@ -77,6 +77,9 @@ func TestImportRun(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
+	if !strings.Contains(errs, "snapshot.pickle (1/2)\n") || !strings.Contains(errs, "snapshot.pickle (2/2)\n") {
+		t.Errorf("no progress per file on stderr: %q", errs)
+	}
 	var res struct {
 		Run   string `json:"run"`
 		Ranks []struct {
