@@ -74,20 +74,24 @@ func runWorkers() int { return max(1, runtime.NumCPU()) }
 // MemoryLimit is the soft memory limit (debug.SetMemoryLimit) for a
 // process importing the snapshot files paths, several as Run does:
 // pytorch.MemoryLimit of the largest files it decodes at once. It is 0,
-// no limit, when one of them is gzipped (its decoded size is unknown) or
+// no limit, when one of them is not a regular file (a pipe, read only
+// once, is not opened here), is gzipped (its decoded size is unknown) or
 // cannot be read.
 func MemoryLimit(paths []string) int64 {
 	sizes := make([]int64, len(paths))
 	for i, p := range paths {
+		st, err := os.Stat(p)
+		if err != nil || !st.Mode().IsRegular() {
+			return 0
+		}
 		f, err := os.Open(p)
 		if err != nil {
 			return 0
 		}
 		var head [2]byte
 		_, err = io.ReadFull(f, head[:])
-		st, serr := f.Stat()
 		f.Close()
-		if err == nil && head == [2]byte{0x1f, 0x8b} || serr != nil {
+		if err == nil && head == [2]byte{0x1f, 0x8b} {
 			return 0
 		}
 		sizes[i] = st.Size()

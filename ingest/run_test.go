@@ -14,7 +14,9 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/ingest"
@@ -310,6 +312,31 @@ func TestMemoryLimit(t *testing.T) {
 	}
 	if got := ingest.MemoryLimit(big); got != pytorch.MemoryLimit(atOnce) {
 		t.Errorf("a run of %d files on %d cores: limit %d, want %d", len(big), runtime.NumCPU(), got, pytorch.MemoryLimit(atOnce))
+	}
+	// A pipe (vramscope import <(zcat x.gz)) is not opened: its bytes are
+	// the import's alone.
+	fifo := filepath.Join(dir, "rank8.pickle")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		if w, err := os.OpenFile(fifo, os.O_WRONLY, 0); err == nil {
+			w.Write([]byte{0x80, 4})
+			w.Close()
+		}
+	}()
+	if got := ingest.MemoryLimit([]string{fifo}); got != 0 {
+		t.Errorf("a pipe: limit %d, want none (0)", got)
+	}
+	read := make(chan []byte, 1)
+	go func() { b, _ := os.ReadFile(fifo); read <- b }()
+	select {
+	case b := <-read:
+		if !bytes.Equal(b, []byte{0x80, 4}) {
+			t.Errorf("the pipe then reads % x, want 80 04", b)
+		}
+	case <-time.After(10 * time.Second): // a hang, not a measure of speed
+		t.Error("the pipe was emptied before the import could read it")
 	}
 	for _, paths := range [][]string{{gz}, append(big[:2:2], gz), {filepath.Join(dir, "missing.pickle")}} {
 		if got := ingest.MemoryLimit(paths); got != 0 {
