@@ -98,6 +98,11 @@ func stage(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name stri
 		if err := emit(ctx, w, t); err != nil {
 			return nil, s.fail(fmt.Errorf("device %d: %w", t.Device, err))
 		}
+		// stored whole now, on this file's core, so that publishing a run
+		// of many files is one short transaction
+		if err := w.Seal(); err != nil {
+			return nil, s.fail(fmt.Errorf("device %d: %w", t.Device, err))
+		}
 	}
 	return s, nil
 }

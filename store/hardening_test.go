@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +30,85 @@ func importTrace(t testing.TB, db *DB, seed uint64, n, bigStacks int) (*Writer, 
 		w.Emit(evs[i:min(i+4096, len(evs))])
 	}
 	return w, w.Flush()
+}
+
+// A sealed import is stored whole but still hidden; once published it
+// reads exactly as the same import published unsealed.
+func TestSealedImport(t *testing.T) {
+	db, _ := openTemp(t)
+	dropped := gpu.Dropped{Count: 1, First: []gpu.DroppedEvent{{Seq: 7, Reason: "undo: no block"}}}
+	var ws [2]*Writer
+	for i := range ws {
+		w, err := importTrace(t, db, 3, 40000, 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.SetDropped(dropped)
+		ws[i] = w
+	}
+	sealed, plain := ws[0], ws[1]
+	if err := sealed.Seal(); err != nil {
+		t.Fatal(err)
+	}
+	if err := sealed.Seal(); err == nil {
+		t.Error("a second Seal was taken")
+	}
+	if _, err := db.Trace(sealed.ID()); !errors.Is(err, ErrNotFound) {
+		t.Errorf("a sealed trace before Publish: %v, want not found", err)
+	}
+	var openRows int // Publish of a sealed import writes no row but its status
+	if err := db.r.QueryRow("SELECT length(data) FROM alloc_open WHERE tid = ?", sealed.tid).Scan(&openRows); err != nil || openRows == 0 {
+		t.Fatalf("the sealed import's live allocations: %d bytes, %v", openRows, err)
+	}
+	if err := db.Publish(sealed); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Publish(plain); err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Publish(sealed); err == nil {
+		t.Error("a published import was published again")
+	}
+	a, err := db.Trace(sealed.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := db.Trace(plain.ID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.ID, a.Created, b.ID, b.Created = "", time.Time{}, "", time.Time{}
+	if !reflect.DeepEqual(a, b) || a.Status != gpu.StatusComplete || a.Dropped == nil {
+		t.Fatalf("sealed %+v\nplain %+v", a, b)
+	}
+	same := func(what string, get func(id string) (any, error)) {
+		t.Helper()
+		x, err := get(sealed.ID())
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		y, err := get(plain.ID())
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if !reflect.DeepEqual(x, y) {
+			t.Errorf("%s differs between the sealed and the plain import", what)
+		}
+	}
+	mid := (a.FirstUS + a.LastUS) / 2
+	same("events", func(id string) (any, error) { return db.Events(id, 0, 1<<62) })
+	same("final layout", func(id string) (any, error) { l, _, err := db.LayoutAtSeq(id, a.LastSeq); return l, err })
+	same("usage", func(id string) (any, error) { return db.Usage(id, a.FirstUS, a.LastUS, 200) })
+	same("allocations", func(id string) (any, error) { return db.Allocations(id, a.FirstUS, a.LastUS, 0, 1<<20) })
+	same("live set", func(id string) (any, error) {
+		l, err := db.LiveAt(id, mid)
+		if l != nil {
+			l.Trace = ""
+		}
+		return l, err
+	})
+	same("statistics", func(id string) (any, error) { st, _, err := db.StatsAt(id, a.LastUS); return st, err })
+	same("stacks", func(id string) (any, error) { return db.Stack(id, 2) })
 }
 
 // rows counts a table's rows of every trace.

@@ -143,6 +143,8 @@ type Writer struct {
 	upload string
 	// importing: the trace is hidden until Publish (ImportTrace)
 	importing bool
+	// sealed: an import whose rows are all stored; Publish only shows it
+	sealed bool
 
 	mu      sync.Mutex
 	closed  bool
@@ -506,7 +508,7 @@ func (w *Writer) take() *batch {
 	b := &batch{pending: w.pend}
 	w.pend = pending{}
 	b.levels = append(b.levels, w.pyr.take()...)
-	b.trace = traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
+	b.trace = w.counters()
 	if w.importing && !w.closed {
 		return b
 	}
@@ -523,6 +525,10 @@ func (w *Writer) take() *batch {
 	w.dirty = w.dirty[:0]
 	b.openBlob = w.openBlob()
 	return b
+}
+
+func (w *Writer) counters() traceCounters {
+	return traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
 }
 
 // commit hands everything pending to the writer goroutine; sync waits.
@@ -596,6 +602,27 @@ func (w *Writer) last(status gpu.TraceStatus) *batch {
 	return b
 }
 
+// Seal ends an import (ImportTrace) and stores the rest of its trace, still
+// hidden: Publish then only has to show it. Imports of several files seal
+// each one as it ends, side by side, so the one transaction that shows
+// them all stays short. After an error the writer is to be aborted.
+func (w *Writer) Seal() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.importing || w.closed {
+		return errors.New("store: seal of a writer that is not an open import")
+	}
+	if err := w.Err(); err != nil {
+		return err
+	}
+	b := w.last("")
+	w.sealed = true
+	if err := w.db.write(func(tx *sql.Tx) error { return w.store(tx, b) }); err != nil {
+		w.fail(err)
+	}
+	return w.Err()
+}
+
 // SetDropped records the events of the recording left out of the trace,
 // stored when the writer closes.
 func (w *Writer) SetDropped(d gpu.Dropped) {
@@ -605,9 +632,10 @@ func (w *Writer) SetDropped(d gpu.Dropped) {
 	w.mu.Unlock()
 }
 
-// Publish closes the writers of ImportTrace as complete and shows their
-// traces, all in one transaction: readers see every one of them, whole,
-// or none. After an error nothing is shown; Abort them.
+// Publish closes the writers of ImportTrace as complete (storing their
+// last rows, unless sealed) and shows their traces, all in one
+// transaction: readers see every one of them, whole, or none. After an
+// error nothing is shown; Abort them.
 func (db *DB) Publish(ws ...*Writer) error { return db.publish(ws, nil) }
 
 // publish is Publish, with also (when not nil) in the transaction.
@@ -616,15 +644,24 @@ func (db *DB) publish(ws []*Writer, also func(tx *sql.Tx) error) error {
 	for _, w := range ws {
 		w.mu.Lock()
 		defer w.mu.Unlock()
-		if w.closed {
+		if w.closed && !w.sealed {
 			return errors.New("store: publish of a closed writer")
 		}
 		if err := w.Err(); err != nil {
 			return err
 		}
 		defer w.unregister()
-		batches = append(batches, w.last(gpu.StatusComplete))
+		if w.sealed {
+			batches = append(batches, &batch{trace: w.counters(), status: gpu.StatusComplete, dropped: w.dropped})
+		} else {
+			batches = append(batches, w.last(gpu.StatusComplete))
+		}
 	}
+	defer func() {
+		for _, w := range ws {
+			w.sealed = false // shown: closed like any other
+		}
+	}()
 	return db.write(func(tx *sql.Tx) error {
 		for i, w := range ws {
 			if err := w.store(tx, batches[i]); err != nil {
