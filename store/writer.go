@@ -527,6 +527,7 @@ func (w *Writer) take() *batch {
 	return b
 }
 
+// counters are the trace row's figures so far.
 func (w *Writer) counters() traceCounters {
 	return traceCounters{w.n, w.first, w.lastSeq, w.firstUS, w.lastUS, w.peak, w.peakSeq, w.peakUS, w.ooms}
 }

@@ -53,7 +53,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return usagef("want one FILE, got %d arguments (several files are the ranks of a run: --run NAME)", len(pos))
 	}
 	path := pos[0]
-	limitMemory([]string{path})
+	defer limitMemory([]string{path})()
 	f, err := os.Open(path)
 	if err != nil {
 		return inputError{err}
@@ -136,7 +136,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	if err != nil {
 		return inputError{err}
 	}
-	limitMemory(paths)
+	defer limitMemory(paths)()
 	var src ingest.RunSource = &runProgress{RunSource: ingest.Files(paths), w: stderr, total: len(paths)}
 	if rankList != "" {
 		ranks, err := ingest.ParseRanks(rankList)
@@ -180,11 +180,13 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 }
 
 // limitMemory sets the soft memory limit for importing paths, unless the
-// GOMEMLIMIT environment variable sets one.
-func limitMemory(paths []string) {
+// GOMEMLIMIT environment variable sets one, and returns what undoes it.
+func limitMemory(paths []string) (undo func()) {
 	if lim := ingest.MemoryLimit(paths); lim > 0 && os.Getenv("GOMEMLIMIT") == "" {
-		debug.SetMemoryLimit(lim)
+		old := debug.SetMemoryLimit(lim)
+		return func() { debug.SetMemoryLimit(old) }
 	}
+	return func() {}
 }
 
 // runProgress says on w each file of a run once it has been read, and how

@@ -76,15 +76,20 @@ func TestImportStoresTraces(t *testing.T) {
 }
 
 // TestImportLimitsMemory: vramscope import sets the soft memory limit
-// for its file.
+// for its files, and puts the one before back when done.
 func TestImportLimitsMemory(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
 	path := filepath.Join(testdata, "oom_nonexpandable.json")
-	if code, _, errs := runCmd("import", path, "--dry-run"); code != 0 {
-		t.Fatalf("exit %d: %s", code, errs)
-	}
+	undo := limitMemory([]string{path})
 	if got, want := debug.SetMemoryLimit(-1), ingest.MemoryLimit([]string{path}); got != want || want <= 0 {
-		t.Errorf("memory limit %d after the import, want %d", got, want)
+		t.Errorf("memory limit %d while importing, want %d", got, want)
+	}
+	undo()
+	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
+		t.Errorf("memory limit %d after the import, want the one before", got)
+	}
+	if code, _, errs := runCmd("import", path, "--dry-run"); code != 0 || debug.SetMemoryLimit(-1) != math.MaxInt64 {
+		t.Errorf("exit %d (%s), memory limit %d after", code, errs, debug.SetMemoryLimit(-1))
 	}
 }
 
