@@ -126,7 +126,8 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 		places  []int // each file's place, and whether its rank was found
 		found   []bool
 		first   error
-		ended   bool // Next said io.EOF: a source is not asked again
+		ended   bool               // Next said io.EOF: a source is not asked again
+		named   = map[int]string{} // ranks given or in the files' names, known before decoding
 		wg      sync.WaitGroup
 		workers = runWorkers()
 	)
@@ -153,6 +154,11 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 				}
 				ended = ended || err == io.EOF
 				place := len(files)
+				if err == nil {
+					if err = claimRank(named, f); err != nil && f.Close != nil {
+						f.Close()
+					}
+				}
 				if err == nil {
 					files = append(files, RunRank{Name: f.Name, Rank: f.Rank})
 					stages, places, found = append(stages, nil), append(places, place), append(found, f.Rank >= 0)
@@ -282,16 +288,38 @@ func fileError(name string, err error) error {
 	return fmt.Errorf("%s: %w", name, err)
 }
 
+// claimRank refuses a file whose rank, given or in its name, an earlier
+// file of the run already has, before either is decoded: the run would be
+// refused once they were.
+func claimRank(named map[int]string, f RunFile) error {
+	rank, ok := f.Rank, f.Rank >= 0
+	if !ok {
+		rank, _, ok = RankOfName(f.Name)
+	}
+	if !ok {
+		return nil
+	}
+	if other, dup := named[rank]; dup {
+		return rankTwice(rank, other, f.Name)
+	}
+	named[rank] = f.Name
+	return nil
+}
+
 // distinctRanks refuses two files of one rank, naming them.
 func distinctRanks(files []RunRank) error {
 	by := map[int]string{}
 	for _, f := range files {
 		if other, ok := by[f.Rank]; ok {
-			return &InputError{fmt.Errorf("rank %d twice: %s and %s (name the files by rank, or give the ranks)", f.Rank, other, f.Name)}
+			return rankTwice(f.Rank, other, f.Name)
 		}
 		by[f.Rank] = f.Name
 	}
 	return nil
+}
+
+func rankTwice(rank int, a, b string) error {
+	return &InputError{fmt.Errorf("rank %d twice: %s and %s (name the files by rank, or give the ranks)", rank, a, b)}
 }
 
 // userMetadata lists the distinct user_metadata texts of decoded traces.

@@ -150,6 +150,20 @@ func TestRunRanks(t *testing.T) {
 	if n := countRows(t, path); n != before {
 		t.Errorf("a refused run left %d rows", n-before)
 	}
+
+	// Names that say one rank twice are refused before decoding: the
+	// second file is not a snapshot, and is never read.
+	bad := filepath.Join(dir, "again", "rank3.pickle")
+	if err := os.MkdirAll(filepath.Dir(bad), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bad, []byte("not a pickle"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err = ingest.Run(context.Background(), db, "twice", ingest.Files([]string{a, bad}), pytorch.Options{})
+	if !errors.As(err, &ie) || !bytes.Contains([]byte(err.Error()), []byte("rank 3 twice")) {
+		t.Fatalf("a second file named rank 3: %v", err)
+	}
 }
 
 func equal(a, b []int) bool {
