@@ -29,6 +29,21 @@ func (e *InputError) Unwrap() error { return e.Err }
 // end are returned as they are, wrapped; other decode errors are
 // InputErrors.
 func Snapshot(db *store.DB, r io.Reader, name string, opt pytorch.Options) ([]string, error) {
+	keep, err := Decode(r, opt)
+	if err != nil {
+		return nil, err
+	}
+	ctx := opt.Context
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	return Store(ctx, db, keep, name)
+}
+
+// Decode is the first half of Snapshot: it decodes a snapshot and returns
+// the traces of the devices Snapshot would store, with Snapshot's errors,
+// storing nothing.
+func Decode(r io.Reader, opt pytorch.Options) ([]*pytorch.Trace, error) {
 	traces, err := pytorch.DecodeWith(r, opt)
 	if err != nil {
 		var mbe *http.MaxBytesError
@@ -42,11 +57,7 @@ func Snapshot(db *store.DB, r io.Reader, name string, opt pytorch.Options) ([]st
 	if err != nil {
 		return nil, &InputError{err}
 	}
-	ctx := opt.Context
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	return Store(ctx, db, keep, name)
+	return keep, nil
 }
 
 // Store stores decoded snapshot traces as one upload, one trace per

@@ -192,6 +192,36 @@ func TestUploadRunTarAndRefusals(t *testing.T) {
 	}
 }
 
+// A form of several files without ?run= is refused whole: its first file
+// alone is not what was sent. A form of one file (and other fields) is
+// that file.
+func TestUploadFormOfSeveralFilesNeedsRun(t *testing.T) {
+	f := newFixture(t, Options{})
+	before, _ := f.db.Traces()
+	snap := readSnapshot(t, "settings_no_annotations.pickle")
+	ct, body := form(t, map[string][]byte{"a.pickle": snap, "b.pickle": snap[:len(snap)/2]}, "a.pickle", "b.pickle")
+	code, b := postAs(t, f.srv.URL+"/api/traces", ct, body)
+	if code != http.StatusBadRequest {
+		t.Fatalf("two files: %d %s", code, b)
+	}
+	if msg := errorOf(t, b); !strings.Contains(msg, `"b.pickle"`) || !strings.Contains(msg, "?run=") {
+		t.Errorf("two files: %s", msg)
+	}
+	if after, _ := f.db.Traces(); len(after) != len(before) {
+		t.Fatalf("a refused form left %d traces", len(after)-len(before))
+	}
+	ct, body = form(t, map[string][]byte{"a.pickle": snap}, "a.pickle")
+	code, b = postAs(t, f.srv.URL+"/api/traces", ct, body)
+	if code != http.StatusCreated {
+		t.Fatalf("one file: %d %s", code, b)
+	}
+	var up uploadJSON
+	json.Unmarshal(b, &up)
+	if len(up.Traces) != 1 || up.Traces[0].Name != "a.pickle" {
+		t.Errorf("one file: %s", b)
+	}
+}
+
 func must(t *testing.T, path string) io.Reader {
 	t.Helper()
 	b, err := os.ReadFile(path)

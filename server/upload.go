@@ -57,8 +57,9 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 	opt := pytorch.Options{Context: ctx, MaxBytes: s.opt.MaxDecompressedBytes}
 	run := q.Get("run")
 	var in io.Reader = body
+	var mr *multipart.Reader
 	if mt, mp, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && strings.HasPrefix(mt, "multipart/") {
-		mr := multipart.NewReader(body, mp["boundary"])
+		mr = multipart.NewReader(body, mp["boundary"])
 		if run != "" {
 			s.uploadRun(w, r, ctx, run, &formSource{mr: mr}, opt)
 			return
@@ -92,7 +93,14 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		in = br
 	}
 	name = cleanName(name, "snapshot")
-	ids, err := ingest.Snapshot(s.opt.DB, in, name, opt)
+	traces, err := ingest.Decode(in, opt)
+	if err == nil && mr != nil {
+		err = soleFile(mr, name)
+	}
+	var ids []string
+	if err == nil {
+		ids, err = ingest.Store(ctx, s.opt.DB, traces, name)
+	}
 	if err != nil {
 		s.uploadError(w, r, ctx, err)
 		return
@@ -225,6 +233,20 @@ func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 			return p, nil
 		}
 	}
+}
+
+// soleFile refuses a form that holds a file after the one named first:
+// several files are the ranks of a run (?run=NAME), never the first alone.
+func soleFile(mr *multipart.Reader, first string) error {
+	p, err := firstFile(mr)
+	var ie *ingest.InputError
+	if errors.As(err, &ie) && ie.Err == errNoFile {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	return &ingest.InputError{Err: fmt.Errorf("the form holds more than one file (%q, then %q): send one, or add ?run=NAME to upload them as the ranks of a run", first, cleanName(p.FileName(), "?"))}
 }
 
 // uploadError answers an upload that failed with its status: 413 for
