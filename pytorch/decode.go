@@ -125,10 +125,11 @@ func decodeValue(r io.Reader, snap bool, opt Options) (*decoder, Value, error) {
 			return nil, Value{}, fmt.Errorf("gzip: %w", err)
 		}
 		br = bufio.NewReaderSize(&limitReader{r: zr, ctx: opt.Context, max: opt.MaxBytes}, 64<<10)
-		if f, gz, err = sniff(br); err != nil {
+		var again bool
+		if f, again, err = sniff(br); err != nil {
 			return nil, Value{}, fmt.Errorf("gzip: %w", err)
 		}
-		if gz {
+		if again {
 			return nil, Value{}, errors.New("gzip: the data inside is gzipped again")
 		}
 	} else if opt.Context != nil || opt.MaxBytes > 0 {
@@ -146,6 +147,13 @@ func decodeValue(r io.Reader, snap bool, opt Options) (*decoder, Value, error) {
 	if err != nil && gz && !errors.As(err, &le) {
 		err = fmt.Errorf("gzip (offsets are into the decompressed data): %w", err)
 	}
+	if err == nil && gz {
+		// The pickle ends before the gzip stream does, and gzip checks its
+		// data (CRC-32 and length) only at the stream's end: read it there.
+		if _, err = io.Copy(io.Discard, br); err != nil && !errors.As(err, &le) {
+			err = fmt.Errorf("gzip: the file is corrupt or cut short after the snapshot's last byte (decompressed offset %d): %w", d.in.offset(), err)
+		}
+	}
 	return d, v, err
 }
 
@@ -158,8 +166,16 @@ func (d *decoder) fromJSON(r io.Reader) (Value, error) {
 	if err != nil {
 		return Value{}, err
 	}
-	if _, err := dec.Token(); err != io.EOF {
+	var syntax *json.SyntaxError
+	var le *LimitError
+	switch _, err := dec.Token(); {
+	case err == io.EOF:
+	case errors.As(err, &le):
+		return Value{}, le
+	case err == nil || errors.As(err, &syntax):
 		return Value{}, &Error{Offset: dec.InputOffset(), Msg: "json: data after the top-level value"}
+	default: // the reader's: a gzip stream that does not check
+		return Value{}, &Error{Offset: dec.InputOffset(), Msg: "json: after the top-level value: " + err.Error(), Err: err}
 	}
 	return v, nil
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/hostile"
 	"vramscope/internal/testkit"
 )
 
@@ -88,6 +89,37 @@ func TestGzipAndJSONGiveTheSameTraces(t *testing.T) {
 		}
 	}
 	sameTraces(t, want, got)
+}
+
+// A gzipped snapshot is checked to the end of the gzip stream (its CRC-32
+// and length come after the pickle's STOP): a corrupt or cut trailer, or
+// bytes that are not gzip after it, are refused; an error inside says its
+// offsets are into the decompressed data.
+func TestGzipCheckedToItsEnd(t *testing.T) {
+	raw := readReal(t, "settings_no_annotations.pickle")
+	js := []byte(`{"segments": [], "device_traces": [[{"action": "oom", "device_free": 1, "size": 5, "stream": 0}]]}`)
+	for _, in := range [][]byte{raw, js} {
+		gz := hostile.Gzip(in)
+		crc := bytes.Clone(gz)
+		crc[len(crc)-6] ^= 1
+		for what, bad := range map[string][]byte{
+			"a corrupt CRC":           crc,
+			"a cut trailer":           gz[:len(gz)-3],
+			"bytes that are not gzip": append(bytes.Clone(gz), "junk"...),
+		} {
+			_, err := Decode(bytes.NewReader(bad))
+			if err == nil || !strings.Contains(err.Error(), "gzip") {
+				t.Errorf("%.10q with %s: %v", in, what, err)
+			}
+		}
+		if _, err := Decode(bytes.NewReader(gz)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := Decode(bytes.NewReader(hostile.Gzip(raw[:len(raw)/2])))
+	if err == nil || !strings.Contains(err.Error(), "offsets are into the decompressed data") {
+		t.Errorf("cut inside: %v", err)
+	}
 }
 
 func TestNotASnapshot(t *testing.T) {

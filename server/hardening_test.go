@@ -278,6 +278,9 @@ func TestHostileUploads(t *testing.T) {
 	l := listen(t, nil, Options{MaxUploadBytes: 8 << 20, MaxDecompressedBytes: 64 << 20})
 	badSettings := []byte(`{"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "blocks": [{"size": 2097152, "state": "inactive"}]}],
 	  "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:banana"}}`)
+	snap := readSnapshot(t, "settings_no_annotations.pickle")
+	badCRC := hostile.Gzip(snap)
+	badCRC[len(badCRC)-6] ^= 1 // the CRC-32 after the deflate data
 	for _, c := range []struct {
 		name         string
 		body         []byte
@@ -294,6 +297,7 @@ func TestHostileUploads(t *testing.T) {
 		{"100 MB frame name", hostile.LongFrameName(100 << 20), 100 << 20, 400, "BINUNICODE8 declares a string of 104857600 bytes"},
 		{"gzip past the cap", hostile.DupPop(64 << 20), 64 << 20, 413, "larger than 67108864 bytes once decompressed"},
 		{"bad settings", badSettings, int64(len(badSettings)), 400, `invalid allocator settings "max_split_size_mb:banana"`},
+		{"gzip with a corrupt CRC", badCRC, int64(len(snap)), 400, "gzip: invalid checksum"},
 	} {
 		before := allocs()
 		code, b := l.upload(t, "hostile", bytes.NewReader(c.body), nil)
