@@ -11,6 +11,7 @@ import (
 	"net/http"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 	"vramscope/pytorch"
 	"vramscope/store"
 )
@@ -57,7 +58,19 @@ func Decode(r io.Reader, opt pytorch.Options) ([]*pytorch.Trace, error) {
 	if err != nil {
 		return nil, &InputError{err}
 	}
-	return keep, nil
+	return keep, Check(keep)
+}
+
+// Check refuses, before anything is written, what Store would refuse
+// for the file's sake: settings that do not parse as
+// PYTORCH_CUDA_ALLOC_CONF (the what-if replays could not run under them).
+func Check(traces []*pytorch.Trace) error {
+	for _, t := range traces {
+		if _, err := caching.ParseConfig(t.Settings.Conf); err != nil {
+			return &InputError{fmt.Errorf("allocator_settings: PYTORCH_CUDA_ALLOC_CONF: %w %q: %v", store.ErrBadSettings, t.Settings.Conf, err)}
+		}
+	}
+	return nil
 }
 
 // Store stores decoded snapshot traces as one upload, one trace per

@@ -71,6 +71,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return inputError{fmt.Errorf("%s: %w", path, err)}
 	}
 	chosen, err := pytorch.Devices(traces, *device)
+	if err == nil {
+		err = ingest.Check(chosen)
+	}
 	if err != nil {
 		return inputError{fmt.Errorf("%s: %w", path, err)}
 	}

@@ -118,6 +118,30 @@ func TestImportRefusesHostileFile(t *testing.T) {
 	}
 }
 
+// Settings that do not parse as PYTORCH_CUDA_ALLOC_CONF are the file's
+// fault: refused by --dry-run as by the import, exit 2, the file and the
+// field named, nothing stored.
+func TestImportRefusesBadSettings(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "bad_conf.json")
+	os.WriteFile(path, []byte(`{"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "blocks": [{"size": 2097152, "state": "inactive"}]}],
+	  "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:Maybe"}}`), 0o644)
+	db := filepath.Join(dir, "s.db")
+	for _, args := range [][]string{{"--dry-run"}, {"--db", db}} {
+		code, _, errs := runCmd(append([]string{"import", path}, args...)...)
+		if code != 2 || !strings.Contains(errs, path) || !strings.Contains(errs, `PYTORCH_CUDA_ALLOC_CONF: invalid allocator settings "expandable_segments:Maybe"`) {
+			t.Errorf("%v: exit %d: %s", args, code, errs)
+		}
+	}
+	if _, err := os.Stat(db); err == nil {
+		s, _ := store.Open(db)
+		defer s.Close()
+		if traces, _ := s.Traces(); len(traces) != 0 {
+			t.Errorf("refused settings left %d traces", len(traces))
+		}
+	}
+}
+
 func TestReplaySnapshot(t *testing.T) {
 	// The snapshot's request stream on a device as large as the real one
 	// (22.57 GB reserved + 264 MB free at the OOM) runs out again.
