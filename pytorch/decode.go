@@ -53,6 +53,9 @@ func sniff(br *bufio.Reader) (f format, gz bool, err error) {
 		case '{', '[':
 			return formatJSON, false, nil
 		}
+		if b, _ := br.Peek(262); len(b) == 262 && string(b[257:]) == "ustar" {
+			return formatUnknown, false, errors.New("not a PyTorch snapshot but a tar archive (of the snapshots of a run?)")
+		}
 		return formatUnknown, false, fmt.Errorf("not a PyTorch snapshot: it starts with bytes % x (want a pickle, JSON or gzip)", head)
 	}
 }

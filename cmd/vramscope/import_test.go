@@ -1,6 +1,8 @@
 package main
 
 import (
+	"archive/tar"
+	"bytes"
 	"encoding/json"
 	"math"
 	"os"
@@ -138,6 +140,27 @@ func TestImportRefusesBadSettings(t *testing.T) {
 		defer s.Close()
 		if traces, _ := s.Traces(); len(traces) != 0 {
 			t.Errorf("refused settings left %d traces", len(traces))
+		}
+	}
+}
+
+// A tar (of a run's snapshots) is named as such, not by its first bytes.
+func TestImportNamesATar(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join(testdata, "two_gpus_expandable_state_only.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "rank0.pickle", Size: int64(len(data)), Mode: 0o644, Typeflag: tar.TypeReg})
+	tw.Write(data)
+	tw.Close()
+	path := filepath.Join(t.TempDir(), "job.tar")
+	os.WriteFile(path, buf.Bytes(), 0o644)
+	for _, args := range [][]string{{path, "--dry-run"}, {"--run", "job", "--db", filepath.Join(t.TempDir(), "t.db"), path}} {
+		code, _, errs := runCmd(append([]string{"import"}, args...)...)
+		if code != 2 || !strings.Contains(errs, "job.tar: not a PyTorch snapshot but a tar archive") {
+			t.Errorf("%v: exit %d: %s", args, code, errs)
 		}
 	}
 }
