@@ -10,6 +10,7 @@ import (
 	"runtime"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 
 	"vramscope/pytorch"
@@ -112,6 +113,9 @@ func MemoryLimit(paths []string) int64 {
 // error (naming the file), or when ctx ends, nothing is kept. Errors are
 // those of Snapshot; two files of one rank are an InputError.
 func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
+	if name = strings.TrimSpace(name); name == "" {
+		return "", nil, &InputError{errors.New("the run has no name")}
+	}
 	if ctx == nil {
 		ctx = context.Background()
 	}

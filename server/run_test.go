@@ -171,8 +171,17 @@ func TestUploadRunTarAndRefusals(t *testing.T) {
 		t.Fatalf("a bad rank: %d %s", code, b)
 	}
 	code, b = post(t, f.srv.URL+"/api/traces?ranks=0", bytes.NewReader(tarred))
-	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, b), "1 ranks given") {
+	if msg := errorOf(t, b); code != http.StatusBadRequest || !strings.HasPrefix(msg, "the run was refused: 1 ranks given") {
 		t.Fatalf("one rank for two files: %d %s", code, b)
+	}
+	code, b = post(t, f.srv.URL+"/api/traces?run=%20", bytes.NewReader(tarred))
+	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, b), "no name") {
+		t.Fatalf("a run named by a space: %d %s", code, b)
+	}
+	ct, body = form(t, files, "rank0.pickle")
+	code, b = postAs(t, f.srv.URL+"/api/traces", strings.Replace(ct, "boundary=", "boundary=x", 1), body)
+	if code != http.StatusBadRequest || !strings.Contains(errorOf(t, b), "boundary") {
+		t.Fatalf("a form whose boundary is not the Content-Type's: %d %s", code, b)
 	}
 	code, b = post(t, f.srv.URL+"/api/traces?ranks=0,x", bytes.NewReader(tarred))
 	if code != http.StatusBadRequest {

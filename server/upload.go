@@ -66,7 +66,7 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		}
 		part, err := firstFile(mr)
 		if err != nil {
-			s.uploadError(w, r, ctx, err)
+			s.uploadError(w, r, ctx, err, notASnapshot)
 			return
 		}
 		if name == "" {
@@ -78,7 +78,7 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		isTar, err := ingest.IsTar(br)
 		switch {
 		case err != nil:
-			s.uploadError(w, r, ctx, err)
+			s.uploadError(w, r, ctx, err, notASnapshot)
 			return
 		case isTar:
 			if run == "" {
@@ -102,7 +102,7 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		ids, err = ingest.Store(ctx, s.opt.DB, traces, name)
 	}
 	if err != nil {
-		s.uploadError(w, r, ctx, err)
+		s.uploadError(w, r, ctx, err, notASnapshot)
 		return
 	}
 	guard.ExtendWrite(w, s.opt.Timeouts.Write)
@@ -165,7 +165,7 @@ func (s *Server) uploadRun(w http.ResponseWriter, r *http.Request, ctx context.C
 	}
 	run, ranks, err := ingest.Run(ctx, s.opt.DB, name, src, opt)
 	if err != nil {
-		s.uploadError(w, r, ctx, err)
+		s.uploadError(w, r, ctx, err, "the run was refused")
 		return
 	}
 	guard.ExtendWrite(w, s.opt.Timeouts.Write)
@@ -227,7 +227,7 @@ func firstFile(mr *multipart.Reader) (*multipart.Part, error) {
 			return nil, err
 		}
 		if err != nil {
-			return nil, &ingest.InputError{Err: fmt.Errorf("multipart form: %w", err)}
+			return nil, &ingest.InputError{Err: fmt.Errorf("the multipart form does not parse (is its boundary the one its Content-Type names?): %w", err)}
 		}
 		if p.FileName() != "" {
 			return p, nil
@@ -249,11 +249,14 @@ func soleFile(mr *multipart.Reader, first string) error {
 	return &ingest.InputError{Err: fmt.Errorf("the form holds more than one file (%q, then %q): send one, or add ?run=NAME to upload them as the ranks of a run", first, cleanName(p.FileName(), "?"))}
 }
 
+// notASnapshot heads the 400 of an upload refused for what it holds.
+const notASnapshot = "not a usable PyTorch memory snapshot"
+
 // uploadError answers an upload that failed with its status: 413 for
 // every limit (size on the wire or decompressed, memory, time), 408 for a
-// body too slow, 400 for what the file holds, 507 for a full disk; a
-// client gone gets nothing.
-func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context.Context, err error) {
+// body too slow, 400 headed by refused for what the upload holds, 507 for
+// a full disk; a client gone gets nothing.
+func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context.Context, err error, refused string) {
 	guard.ExtendWrite(w, s.opt.Timeouts.Write)
 	var mbe *http.MaxBytesError
 	var le *pytorch.LimitError
@@ -271,7 +274,7 @@ func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context
 	case r.Context().Err() != nil:
 		s.log.Info("upload: the client went away", "err", err)
 	case errors.As(err, &ie):
-		writeError(w, http.StatusBadRequest, "not a usable PyTorch memory snapshot: %v", err)
+		writeError(w, http.StatusBadRequest, "%s: %v", refused, err)
 	case errors.Is(err, store.ErrDiskFull):
 		writeError(w, http.StatusInsufficientStorage, "storing the snapshot: %v: delete traces or free space", err)
 	default:
