@@ -95,6 +95,9 @@ type MismatchError struct {
 }
 
 func (e *MismatchError) Error() string {
+	if e.Event.Action == ActionNone { // about a layout, not an event
+		return e.Reason
+	}
 	return fmt.Sprintf("event %d (%s at %#x, %d bytes): %s", e.Event.Seq, e.Event.Action, e.Event.Addr, e.Event.Size, e.Reason)
 }
 

@@ -84,3 +84,15 @@ func render(l *Layout) string {
 	}
 	return out
 }
+
+// A mismatch about a layout names no event; one about an event names it.
+func TestMismatchErrorText(t *testing.T) {
+	layout := &MismatchError{Reason: "segments overlap at 0x200"}
+	if got := layout.Error(); got != "segments overlap at 0x200" {
+		t.Errorf("layout: %q", got)
+	}
+	event := &MismatchError{Event: Event{Seq: 7, Action: ActionAlloc, Addr: 0x200, Size: 512}, Reason: "no free block"}
+	if got := event.Error(); got != "event 7 (alloc at 0x200, 512 bytes): no free block" {
+		t.Errorf("event: %q", got)
+	}
+}

@@ -122,7 +122,7 @@ func (t *Trace) adoptSeqs(replayed *gpu.Layout) {
 	if differ != "" && len(t.Events) > 0 {
 		t.Mismatches = append(t.Mismatches, gpu.MismatchError{
 			Event:  gpu.Event{Seq: int64(len(t.Events))},
-			Reason: "end of trace: " + differ,
+			Reason: fmt.Sprintf("end of trace (after event %d): %s", len(t.Events)-1, differ),
 		})
 	}
 }
