@@ -301,6 +301,10 @@ func (s *Stream) Start(a *caching.Allocator) (*Replayer, error) {
 	if s.Initial == nil || len(s.Initial.Segments) == 0 {
 		return p, nil
 	}
+	// The statistics are the stream's, not the rebuilding's: PyTorch's
+	// counted what came before the recording, which it does not say.
+	defer a.ResetAccumulatedStats()
+	defer a.ResetPeakStats()
 	dev, lend := a.Device().(*sim.Device)
 	if !lend {
 		return p, p.restore(s.Initial)

@@ -269,3 +269,56 @@ func TestWhatIfPerOOMFromALog(t *testing.T) {
 		}
 	}
 }
+
+// A replay's statistics are the stream's, not those of rebuilding its
+// starting layout: a state-only snapshot replays no request, so nothing
+// was allocated or freed and the peaks are the snapshot's own; a trace
+// peaks where the import, reading the recorded events, says it did.
+func TestReplayStatsLeaveOutTheStartingLayout(t *testing.T) {
+	for _, c := range []struct {
+		file                    string
+		peakAlloc, peakReserved int64 // 0: the imported trace's
+	}{
+		{"two_gpus_expandable_state_only.pickle", 8551424, 44040192},
+		{"legacy_block_history.pickle", 11840159744, 11844714496},
+		{"training_22k_user_metadata.pickle", 0, 0},
+		{"oom_nonexpandable.json", 0, 0},
+	} {
+		file := filepath.Join(realSnapshots, c.file)
+		if _, err := os.Stat(file); err != nil {
+			t.Skip(err)
+		}
+		if c.peakAlloc == 0 {
+			db := filepath.Join(t.TempDir(), "i.db")
+			if code, _, errs := runCmd("import", file, "--db", db); code != 0 {
+				t.Fatalf("import: exit %d %s", code, errs)
+			}
+			s, err := store.Open(db)
+			if err != nil {
+				t.Fatal(err)
+			}
+			traces, _ := s.Traces()
+			s.Close()
+			c.peakAlloc, c.peakReserved = int64(traces[0].PeakAllocated), int64(traces[0].PeakReserved)
+		}
+		code, out, errs := runCmd("replay", file, "--json")
+		if code != 0 {
+			t.Fatalf("%s: exit %d %s", c.file, code, errs)
+		}
+		var got struct {
+			Stats map[string]int64 `json:"stats"`
+		}
+		if err := json.Unmarshal([]byte(out), &got); err != nil {
+			t.Fatal(err)
+		}
+		st := got.Stats
+		if st["allocated_bytes.all.peak"] != c.peakAlloc || st["reserved_bytes.all.peak"] != c.peakReserved {
+			t.Errorf("%s: peak allocated %d, reserved %d; want %d, %d", c.file,
+				st["allocated_bytes.all.peak"], st["reserved_bytes.all.peak"], c.peakAlloc, c.peakReserved)
+		}
+		if strings.Contains(c.file, "state_only") && (st["allocated_bytes.all.allocated"] != 0 || st["allocated_bytes.all.freed"] != 0 || st["num_device_alloc"] != 0) {
+			t.Errorf("%s: no request replayed, yet %d bytes allocated, %d freed, %d device allocations", c.file,
+				st["allocated_bytes.all.allocated"], st["allocated_bytes.all.freed"], st["num_device_alloc"])
+		}
+	}
+}

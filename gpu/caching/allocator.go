@@ -164,6 +164,14 @@ func (a *Allocator) SetMemoryFraction(f float64) {
 // Stats returns a copy of the statistics.
 func (a *Allocator) Stats() Stats { return a.stats }
 
+// ResetPeakStats is torch.cuda.reset_peak_memory_stats(): every peak
+// becomes its current value.
+func (a *Allocator) ResetPeakStats() { a.stats.resetPeaks() }
+
+// ResetAccumulatedStats is torch.cuda.reset_accumulated_memory_stats():
+// the cumulative counts start again from zero.
+func (a *Allocator) ResetAccumulatedStats() { a.stats.resetAccumulated() }
+
 // Reserved is reserved_bytes.all.current; Allocated is allocated_bytes.all.current.
 func (a *Allocator) Reserved() uint64  { return uint64(a.stats.ReservedBytes[statAll].Current) }
 func (a *Allocator) Allocated() uint64 { return uint64(a.stats.AllocatedBytes[statAll].Current) }

@@ -78,9 +78,8 @@ type Stats struct {
 	MaxSplitSize int64
 }
 
-// Flat returns memory_stats(): the nested stats flattened with "." keys.
-func (s *Stats) Flat() map[string]int64 {
-	m := make(map[string]int64, 128)
+// each calls fn with every Stat and its memory_stats() name.
+func (s *Stats) each(fn func(name string, st *Stat)) {
 	arrays := []struct {
 		name string
 		a    *StatArray
@@ -90,19 +89,37 @@ func (s *Stats) Flat() map[string]int64 {
 		{"reserved_bytes", &s.ReservedBytes}, {"active_bytes", &s.ActiveBytes},
 		{"inactive_split_bytes", &s.InactiveSplitBytes}, {"requested_bytes", &s.RequestedBytes},
 	}
-	put := func(prefix string, st *Stat) {
-		m[prefix+".current"] = st.Current
-		m[prefix+".peak"] = st.Peak
-		m[prefix+".allocated"] = st.Allocated
-		m[prefix+".freed"] = st.Freed
-	}
 	for _, arr := range arrays {
 		for i, pool := range []string{"all", "small_pool", "large_pool"} {
-			put(arr.name+"."+pool, &arr.a[i])
+			fn(arr.name+"."+pool, &arr.a[i])
 		}
 	}
-	put("oversize_allocations", &s.OversizeAllocations)
-	put("oversize_segments", &s.OversizeSegments)
+	fn("oversize_allocations", &s.OversizeAllocations)
+	fn("oversize_segments", &s.OversizeSegments)
+}
+
+// resetPeaks sets every peak to its current value, as
+// torch.cuda.reset_peak_memory_stats() does.
+func (s *Stats) resetPeaks() {
+	s.each(func(_ string, st *Stat) { st.Peak = st.Current })
+}
+
+// resetAccumulated zeroes the cumulative counts (allocated, freed, retries,
+// OOMs, device calls), as torch.cuda.reset_accumulated_memory_stats() does.
+func (s *Stats) resetAccumulated() {
+	s.each(func(_ string, st *Stat) { st.Allocated, st.Freed = 0, 0 })
+	s.NumAllocRetries, s.NumOOMs, s.NumSyncAllStreams, s.NumDeviceAlloc, s.NumDeviceFree = 0, 0, 0, 0, 0
+}
+
+// Flat returns memory_stats(): the nested stats flattened with "." keys.
+func (s *Stats) Flat() map[string]int64 {
+	m := make(map[string]int64, 128)
+	s.each(func(name string, st *Stat) {
+		m[name+".current"] = st.Current
+		m[name+".peak"] = st.Peak
+		m[name+".allocated"] = st.Allocated
+		m[name+".freed"] = st.Freed
+	})
 	m["num_alloc_retries"] = s.NumAllocRetries
 	m["num_ooms"] = s.NumOOMs
 	m["max_split_size"] = s.MaxSplitSize
