@@ -195,10 +195,11 @@ type Allocation struct {
 
 // Recording is an event stream with what is needed to run it again: the
 // layout before its first event, the allocator settings it ran under, and
-// its device's capacity (0 when the recording does not say).
+// its device: ordinal and capacity (0 when the recording does not say).
 type Recording struct {
 	Initial  *Layout
 	Events   []Event
 	Settings string
+	Device   int
 	Capacity uint64
 }

@@ -106,7 +106,7 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 // settings the allocator had (see Settings.Replay). A snapshot does not
 // record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
-	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay()}
+	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device}
 }
 
 // OOMs counts the oom events.

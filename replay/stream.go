@@ -21,6 +21,8 @@ type Stream struct {
 	// Settings are the allocator settings it was recorded under
 	// (PYTORCH_CUDA_ALLOC_CONF syntax; empty: the defaults).
 	Settings string
+	// Ordinal is the device's index: messages name it ("GPU 1").
+	Ordinal  int
 	Capacity Capacity
 
 	addr addresses
@@ -39,7 +41,7 @@ type regionKey struct {
 // from its first OOM, else bounded by its free-and-retry paths (see
 // inferRuns); Capacity.Bytes is 0 when nothing says.
 func FromRecording(rec gpu.Recording) Stream {
-	s := Stream{Initial: rec.Initial, Settings: rec.Settings, addr: recordedAddresses(rec.Initial, rec.Events)}
+	s := Stream{Initial: rec.Initial, Settings: rec.Settings, Ordinal: rec.Device, addr: recordedAddresses(rec.Initial, rec.Events)}
 	ctx := runContext{rules: gpu.DefaultRules(), capacity: rec.Capacity, limit: rec.Capacity, addr: &s.addr}
 	cfg, err := caching.ParseConfig(rec.Settings)
 	if err == nil {
@@ -217,9 +219,9 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 // recording has none (an RMM log).
 func (s *Stream) Device(capacity uint64) *sim.Device {
 	if len(s.addr.mallocs) == 0 && len(s.addr.reserves) == 0 {
-		return sim.New(capacity)
+		return sim.New(capacity, sim.WithOrdinal(s.Ordinal))
 	}
-	return sim.New(capacity, sim.Recorded(s.addr.mallocs, s.addr.reserves))
+	return sim.New(capacity, sim.WithOrdinal(s.Ordinal), sim.Recorded(s.addr.mallocs, s.addr.reserves))
 }
 
 // Config is the stream's recorded settings with the keys of overrides

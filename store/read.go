@@ -425,7 +425,7 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	if err != nil {
 		return gpu.Recording{}, err
 	}
-	rec := gpu.Recording{Initial: initial, Settings: r.trace.Settings, Capacity: r.trace.Capacity,
+	rec := gpu.Recording{Initial: initial, Settings: r.trace.Settings, Device: r.trace.DeviceOrdinal, Capacity: r.trace.Capacity,
 		Events: make([]gpu.Event, 0, r.trace.Events)}
 	err = r.events(0, r.trace.LastSeq+1, func(e *gpu.Event) bool { rec.Events = append(rec.Events, *e); return true })
 	return rec, err

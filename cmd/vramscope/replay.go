@@ -18,6 +18,9 @@ func init() {
 // 80 GiB card such as the A100 or H100 (replay.DefaultCapacity).
 const defaultCapacity = "80GiB"
 
+// deviceHelp is the --device flag's help of the replaying commands.
+const deviceHelp = "snapshot device (default: the one that ran out of memory, else the one with the most events)"
+
 // capacityHelp is the --capacity flag's help of the replaying commands.
 const capacityHelp = "simulated device memory (default: the trace's device, or what the recording implies: its OOM, its free-and-retry paths; else 80GiB)"
 
@@ -26,7 +29,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	conf := fs.String("alloc-conf", "", "allocator settings set on top of the recorded ones, PYTORCH_CUDA_ALLOC_CONF syntax")
 	capacity := fs.String("capacity", "", capacityHelp)
 	dbPath := fs.String("db", defaultDB, "SQLite database, when replaying a stored TRACE")
-	device := fs.Int("device", -1, "snapshot device (default: the one with the most events)")
+	device := fs.Int("device", -1, deviceHelp)
 	asJSON := fs.Bool("json", false, "print stats, OOMs and segments as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope replay FILE|TRACE [--alloc-conf STR] [--capacity SIZE] [--device N] [--json]")
@@ -44,7 +47,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if _, err := caching.ParseConfig(*conf); err != nil {
 		return usagef("--alloc-conf: %v", err)
 	}
-	stream, err := openStream(pos[0], *dbPath, *device, *capacity)
+	stream, err := openStream(pos[0], *dbPath, *device, *capacity, stderr)
 	if err != nil {
 		return err
 	}

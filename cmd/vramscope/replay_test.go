@@ -17,7 +17,7 @@ import (
 
 var realSnapshots = filepath.Join("..", "..", "..", "shared", "testdata", "pytorch")
 
-// snapshotTrace decodes a real snapshot's device trace (-1: the busiest).
+// snapshotTrace decodes a real snapshot's device trace (-1: the one replay picks).
 func snapshotTrace(t *testing.T, file string, device int) *pytorch.Trace {
 	t.Helper()
 	f, err := os.Open(filepath.Join(realSnapshots, file))
@@ -25,7 +25,7 @@ func snapshotTrace(t *testing.T, file string, device int) *pytorch.Trace {
 		t.Skipf("%s: %v", file, err)
 	}
 	defer f.Close()
-	tr, err := decodeSnapshotDevice(f, device)
+	tr, _, err := decodeSnapshotDevice(f, device)
 	if err != nil {
 		t.Fatalf("%s: %v", file, err)
 	}
@@ -319,6 +319,45 @@ func TestReplayStatsLeaveOutTheStartingLayout(t *testing.T) {
 		if strings.Contains(c.file, "state_only") && (st["allocated_bytes.all.allocated"] != 0 || st["allocated_bytes.all.freed"] != 0 || st["num_device_alloc"] != 0) {
 			t.Errorf("%s: no request replayed, yet %d bytes allocated, %d freed, %d device allocations", c.file,
 				st["allocated_bytes.all.allocated"], st["allocated_bytes.all.freed"], st["num_device_alloc"])
+		}
+	}
+}
+
+// Of a snapshot of several devices, replay and whatif take the device
+// that ran out of memory (as an upload opens on it), say so, and name it
+// as PyTorch does ("GPU 1"), from the file as from the stored trace.
+func TestReplayPicksAndNamesTheOOMDevice(t *testing.T) {
+	file := filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle")
+	if _, err := os.Stat(file); err != nil {
+		t.Skip(err)
+	}
+	code, out, errs := runCmd("whatif", file)
+	if code != 0 {
+		t.Fatalf("whatif: exit %d %s", code, errs)
+	}
+	if !strings.Contains(out, "original OOMs: request 287 (4.94 GiB)") {
+		t.Errorf("whatif of the file reports no OOM:\n%.400s", out)
+	}
+	if want := "expandable_oom_multigpu.pickle: device 1 (of 0, 1 and 2), the one that ran out of memory; --device N picks another"; !strings.Contains(errs, want) {
+		t.Errorf("whatif's stderr %q does not say %q", errs, want)
+	}
+	db := filepath.Join(t.TempDir(), "i.db")
+	if code, _, errs := runCmd("import", file, "--db", db, "--device", "1"); code != 0 {
+		t.Fatalf("import: exit %d %s", code, errs)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	traces, _ := s.Traces()
+	s.Close()
+	for _, args := range [][]string{{"replay", file}, {"replay", "--db", db, "--trace", traces[0].ID}} {
+		code, out, errs := runCmd(args...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d %s", args, code, errs)
+		}
+		if !strings.Contains(out, "Tried to allocate 4.95 GiB. GPU 1 has a total capacity") || !strings.Contains(out, "memory summary, device ID 1 ") {
+			t.Errorf("%v does not name device 1:\n%.1200s", args, out)
 		}
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
+	"strings"
 
 	"vramscope/gpu"
 	"vramscope/pytorch"
@@ -15,8 +17,9 @@ import (
 
 // openStream reads a request stream (see requestStream) and settles the
 // device it replays on: capacity (a --capacity flag) when given, else what
-// the recording says or implies, else defaultCapacity.
-func openStream(arg, dbPath string, device int, capacity string) (replay.Stream, error) {
+// the recording says or implies, else defaultCapacity. Of a snapshot of
+// several devices it tells stderr which one it took.
+func openStream(arg, dbPath string, device int, capacity string, stderr io.Writer) (replay.Stream, error) {
 	var given uint64
 	if capacity != "" {
 		var err error
@@ -24,7 +27,7 @@ func openStream(arg, dbPath string, device int, capacity string) (replay.Stream,
 			return replay.Stream{}, usagef("--capacity: %v", err)
 		}
 	}
-	s, err := requestStream(arg, dbPath, device)
+	s, err := requestStream(arg, dbPath, device, stderr)
 	if err != nil {
 		return s, err
 	}
@@ -33,8 +36,8 @@ func openStream(arg, dbPath string, device int, capacity string) (replay.Stream,
 }
 
 // requestStream reads a request stream from a stored trace id or a file: an
-// RMM log or a PyTorch snapshot (one device: the given one, or the busiest).
-func requestStream(arg, dbPath string, device int) (replay.Stream, error) {
+// RMM log or a PyTorch snapshot (one device: see decodeSnapshotDevice).
+func requestStream(arg, dbPath string, device int, stderr io.Writer) (replay.Stream, error) {
 	if _, err := os.Stat(arg); err != nil {
 		if !errors.Is(err, os.ErrNotExist) {
 			return replay.Stream{}, err
@@ -69,30 +72,56 @@ func requestStream(arg, dbPath string, device int) (replay.Stream, error) {
 		}
 		return replay.Stream{Requests: reqs}, nil
 	}
-	t, err := decodeSnapshotDevice(br, device)
+	t, devices, err := decodeSnapshotDevice(br, device)
 	if err != nil {
 		return replay.Stream{}, inputError{fmt.Errorf("%s: %w", arg, err)}
+	}
+	if len(devices) > 1 {
+		why := "the first"
+		switch {
+		case t.OOMs() > 0:
+			why = "the one that ran out of memory"
+		case len(t.Events) > 0:
+			why = "the one with the most events"
+		}
+		fmt.Fprintf(stderr, "%s: device %d (of %s), %s; --device N picks another\n", arg, t.Device, joinInts(devices), why)
 	}
 	return replay.FromRecording(t.Recording()), nil
 }
 
 // decodeSnapshotDevice decodes a PyTorch snapshot and picks one device's
-// trace: the given ordinal, or (device < 0) the one with the most events,
-// as memory_viz does.
-func decodeSnapshotDevice(r io.Reader, device int) (*pytorch.Trace, error) {
+// trace: the given ordinal, or (device < 0) the first that ran out of
+// memory, as an upload opens on it, else the one with the most events, as
+// memory_viz does. devices are those it picked from.
+func decodeSnapshotDevice(r io.Reader, device int) (t *pytorch.Trace, devices []int, err error) {
 	traces, err := pytorch.Decode(r)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	traces, err = pytorch.Devices(traces, device)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	best := traces[0]
 	for _, t := range traces[1:] {
-		if len(t.Events) > len(best.Events) {
+		if oom, bestOOM := t.OOMs() > 0, best.OOMs() > 0; oom != bestOOM && oom || oom == bestOOM && len(t.Events) > len(best.Events) {
 			best = t
 		}
 	}
-	return best, nil
+	for _, t := range traces {
+		devices = append(devices, t.Device)
+	}
+	return best, devices, nil
+}
+
+// joinInts writes ns as "0, 1 and 2".
+func joinInts(ns []int) string {
+	s := make([]string, len(ns))
+	for i, n := range ns {
+		s[i] = strconv.Itoa(n)
+	}
+	if len(s) < 2 {
+		return strings.Join(s, "")
+	}
+	return strings.Join(s[:len(s)-1], ", ") + " and " + s[len(s)-1]
 }

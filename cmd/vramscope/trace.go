@@ -106,7 +106,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		if flagSet(fs, "capacity") {
 			given = *capacity
 		}
-		stream, err := openStream(pos[0], *dbPath, snapDevice, given)
+		stream, err := openStream(pos[0], *dbPath, snapDevice, given, stderr)
 		if err != nil {
 			return err
 		}

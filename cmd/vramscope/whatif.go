@@ -21,7 +21,7 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	capacity := fs.String("capacity", "", capacityHelp)
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
 	dbPath := fs.String("db", defaultDB, "SQLite database holding TRACE")
-	device := fs.Int("device", -1, "snapshot device (default: the one with the most events)")
+	device := fs.Int("device", -1, deviceHelp)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope whatif TRACE|FILE [--capacity SIZE] [--device N] [--json]")
 		fmt.Fprintln(stderr, "TRACE is a stored trace id; FILE is an RMM log or a PyTorch snapshot.")
@@ -36,7 +36,7 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	if len(pos) != 1 {
 		return usagef("want one TRACE or FILE, got %d arguments", len(pos))
 	}
-	stream, err := openStream(pos[0], *dbPath, *device, *capacity)
+	stream, err := openStream(pos[0], *dbPath, *device, *capacity, stderr)
 	if err != nil {
 		return err
 	}
