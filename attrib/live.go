@@ -2,6 +2,7 @@ package attrib
 
 import (
 	"sort"
+	"strconv"
 	"sync"
 
 	"vramscope/gpu"
@@ -14,6 +15,16 @@ type Instant struct {
 	BySeq  bool
 	Seq    int64
 	TimeUS int64
+}
+
+// AfterEvent names the instant right after event seq: "right after event
+// N", or for -1 "before the first event" (all a trace of a snapshot without
+// trace entries has).
+func AfterEvent(seq int64) string {
+	if seq < 0 {
+		return "before the first event"
+	}
+	return "right after event " + strconv.FormatInt(seq, 10)
 }
 
 // Live is the live set at an instant with each block's category.

@@ -25,8 +25,8 @@ func Profile(l *Live, t gpu.Trace, all bool) *profile.Profile {
 		SampleType:        []*profile.ValueType{{Type: "inuse_objects", Unit: "count"}, {Type: "inuse_space", Unit: "bytes"}},
 		DefaultSampleType: "inuse_space",
 		PeriodType:        &profile.ValueType{Type: "space", Unit: "bytes"},
-		Comments: []string{fmt.Sprintf("vramscope: trace %s (%s), device %d, the live allocations right after event %d",
-			t.ID, t.Title(), t.DeviceOrdinal, l.Seq)},
+		Comments: []string{fmt.Sprintf("vramscope: trace %s (%s), device %d, the live allocations %s",
+			t.ID, t.Title(), t.DeviceOrdinal, AfterEvent(l.Seq))},
 	}
 	if !t.NoTime && l.Seq >= 0 {
 		p.TimeNanos = l.TimeUS * 1000

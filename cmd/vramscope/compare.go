@@ -103,12 +103,11 @@ func printCompare(w io.Writer, r *compare.Result) error {
 			fmt.Fprintf(w, "   compared at a sample: each kept event stands for %d (those with the least and the most bytes)\n", s.side.SampledEvery)
 		}
 	}
-	fmt.Fprintf(w, "aligned by %s", r.Align)
 	if r.Note != "" {
-		fmt.Fprintf(w, ": %s", r.Note)
+		fmt.Fprintf(w, "%s\n\n", r.Note) // it says what the traces are aligned by
+	} else {
+		fmt.Fprintf(w, "aligned by %s\n\n", r.Align)
 	}
-	fmt.Fprintln(w)
-	fmt.Fprintln(w)
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tA\tB\tB − A\t")
@@ -151,8 +150,8 @@ func printCompare(w io.Writer, r *compare.Result) error {
 	}
 
 	for _, m := range r.Moments {
-		fmt.Fprintf(w, "\n%s (%s): A %s after event %d · B %s after event %d · B − A %s\n", m.Label, place(r, m.X),
-			gpu.FormatBytes(m.A.Allocated), m.A.Seq, gpu.FormatBytes(m.B.Allocated), m.B.Seq, signed(m.Divergence))
+		fmt.Fprintf(w, "\n%s (%s): A %s %s · B %s %s · B − A %s\n", m.Label, place(r, m.X),
+			gpu.FormatBytes(m.A.Allocated), attrib.AfterEvent(m.A.Seq), gpu.FormatBytes(m.B.Allocated), attrib.AfterEvent(m.B.Seq), signed(m.Divergence))
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "%s\tA\tB\tB − A\n", strings.ToUpper(groupName[r.Group]))
 		for _, d := range m.Rows {
@@ -162,7 +161,11 @@ func printCompare(w io.Writer, r *compare.Result) error {
 			return err
 		}
 		if len(m.Rows) < m.RowsTotal {
-			fmt.Fprintf(w, "(%d more groups)\n", m.RowsTotal-len(m.Rows))
+			more, word := m.RowsTotal-len(m.Rows), "groups"
+			if more == 1 {
+				word = "group"
+			}
+			fmt.Fprintf(w, "(%d more %s)\n", more, word)
 		}
 	}
 	return nil

@@ -124,7 +124,7 @@ func TestCompareErrors(t *testing.T) {
 	frag := testkit.Record(t, db, "frag", tracer.DefaultFrag(), 4<<30, "")
 	db.Close()
 	code, out, errs := runCmd("compare", "--db", path, "--align", "step", frag, with)
-	if code != 0 || !strings.Contains(out, "aligned by time: trace A has no step annotations") {
+	if code != 0 || !strings.Contains(out, "\ntrace A has no step annotations (ProfilerStep#N): aligned by time\n") {
 		t.Errorf("exit %d: %s\n%s", code, errs, out)
 	}
 }

@@ -101,11 +101,17 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		events, segments := 0, 0
+		var devices []int
 		for _, t := range traces {
 			events += len(t.Events)
 			segments += len(t.Final.Segments)
+			devices = append(devices, t.Device)
 		}
-		fmt.Fprintf(stderr, "wrote %s: %d devices, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, len(traces), events, segments)
+		word := "devices"
+		if len(devices) == 1 {
+			word = "device"
+		}
+		fmt.Fprintf(stderr, "wrote %s: %s %s, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, word, joinInts(devices), events, segments)
 	}
 	return nil
 }
@@ -131,7 +137,7 @@ func exportProfile(db *store.DB, tr gpu.Trace, when attrib.Instant, all bool, ou
 	if err := f.Close(); err != nil {
 		return err
 	}
-	fmt.Fprintf(stderr, "wrote %s: %d live allocations, %d bytes, right after event %d; read it with go tool pprof -top %s\n",
-		out, len(l.Blocks), l.Bytes(), l.Seq, out)
+	fmt.Fprintf(stderr, "wrote %s: %d live allocations, %d bytes, %s; read it with go tool pprof -top %s\n",
+		out, len(l.Blocks), l.Bytes(), attrib.AfterEvent(l.Seq), out)
 	return nil
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/google/pprof/profile"
+
 	"vramscope/gpu"
 	"vramscope/internal/testkit"
 	"vramscope/store"
@@ -394,5 +396,54 @@ func TestExportKeepsWhatItDoesNotInterpret(t *testing.T) {
 	}
 	if x, ok, _ := s.EventExtra(ids[0], 2); !ok || x.Action != "annotate" || x.UserMetadata != "note 1" {
 		t.Errorf("event 2: %+v", x)
+	}
+}
+
+// What export and compare say of real snapshots reads right: the devices
+// written by number, and a snapshot without trace entries as the layout
+// before the first event (not "after event -1"), in the profile too.
+func TestExportAndCompareWordingOfRealSnapshots(t *testing.T) {
+	tmp := t.TempDir()
+	db := filepath.Join(tmp, "w.db")
+	multi := importJSON(t, testkit.Snapshot(t, "expandable_oom_multigpu.pickle"), db)
+	listOnly := importJSON(t, testkit.Snapshot(t, "segments_list_only.pkl"), db)[1]
+	twoGPUs := importJSON(t, testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"), db)[0]
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{multi[1]}, ": devices 0, 1 and 2, 7923 events, 12 segments;"},
+		{[]string{multi[1], "--device", "1"}, ": device 1, 596 events, 8 segments;"},
+		{[]string{listOnly, "--format", "pprof"}, ": 1938 live allocations, 3353639424 bytes, before the first event;"},
+	} {
+		args := append([]string{"export", "-o", filepath.Join(tmp, "out"), "--db", db}, c.args...)
+		code, _, errs := runCmd(args...)
+		if code != 0 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, %q; want %q", args, code, errs, c.want)
+		}
+	}
+	f, err := os.Open(filepath.Join(tmp, "out"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := profile.Parse(f)
+	f.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(p.Comments) != 1 || !strings.HasSuffix(p.Comments[0], "device 1, the live allocations before the first event") {
+		t.Errorf("profile comments %q", p.Comments)
+	}
+	code, out, errs := runCmd("compare", "--db", db, "--group", "category", "--rows", "2", listOnly, twoGPUs)
+	if code != 0 {
+		t.Fatalf("compare: exit %d %s", code, errs)
+	}
+	for _, want := range []string{"A 3.12 GiB before the first event · B 8.16 MiB before the first event", "(1 more group)\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("compare says\n%s\nwant %q", out, want)
+		}
+	}
+	if strings.Contains(out, "event -1") {
+		t.Errorf("compare says\n%s", out)
 	}
 }
