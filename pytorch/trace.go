@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/bits"
 	"strconv"
+	"strings"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -83,21 +84,31 @@ func (t *Trace) Extra(i int) *EventExtra {
 	return &t.Extras[t.ExtraOf[i]-1]
 }
 
-// Devices picks from a snapshot's traces the devices to keep: the one of
-// ordinal device when device >= 0 (an error when the snapshot lacks it),
-// else every device that holds segments or trace events.
+// Devices picks from a snapshot's traces the devices to keep: every
+// device that holds segments or trace events, or of those the one of
+// ordinal device when device >= 0 (an error, naming the others, when it
+// is not one of them).
 func Devices(traces []*Trace, device int) ([]*Trace, error) {
 	var out []*Trace
+	var held []string
+	listed := false
 	for _, t := range traces {
-		if device >= 0 && t.Device == device || device < 0 && (len(t.Events) > 0 || len(t.Final.Segments) > 0) {
+		listed = listed || t.Device == device
+		if len(t.Events) == 0 && len(t.Final.Segments) == 0 {
+			continue
+		}
+		held = append(held, strconv.Itoa(t.Device))
+		if device < 0 || t.Device == device {
 			out = append(out, t)
 		}
 	}
-	if device >= 0 && len(out) == 0 {
-		return nil, fmt.Errorf("the snapshot has no device %d", device)
-	}
-	if len(out) == 0 {
+	switch {
+	case len(held) == 0:
 		return nil, errors.New("the snapshot holds no segments and no trace events on any device")
+	case len(out) == 0 && listed:
+		return nil, fmt.Errorf("the snapshot's device %d holds no segments and no trace events (devices that do: %s)", device, strings.Join(held, ", "))
+	case len(out) == 0:
+		return nil, fmt.Errorf("the snapshot has no device %d (devices with segments or trace events: %s)", device, strings.Join(held, ", "))
 	}
 	return out, nil
 }

@@ -179,3 +179,33 @@ func TestReplaySnapshot(t *testing.T) {
 		t.Errorf("replayed snapshot: %v, %d OOMs", err, len(res.OOMs))
 	}
 }
+
+// --device N must name a device that holds segments or trace events: the
+// empty fourth device of a real snapshot is refused as the empty snapshot
+// is, not stored as an empty trace, and the error names the devices to
+// pick from; so is a device the snapshot does not list.
+func TestImportAndReplayRefuseAnEmptyDevice(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "e.db")
+	multi := filepath.Join(testdata, "expandable_oom_multigpu.pickle")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"import", multi, "--device", "3", "--db", db}, "the snapshot's device 3 holds no segments and no trace events (devices that do: 0, 1, 2)"},
+		{[]string{"replay", multi, "--device", "3", "--db", db}, "the snapshot's device 3 holds no segments and no trace events (devices that do: 0, 1, 2)"},
+		{[]string{"import", multi, "--device", "7", "--db", db}, "the snapshot has no device 7 (devices with segments or trace events: 0, 1, 2)"},
+		{[]string{"import", filepath.Join(testdata, "segments_list_only.pkl"), "--device", "0", "--db", db}, "the snapshot has no device 0 (devices with segments or trace events: 1)"},
+	} {
+		code, _, errs := runCmd(c.args...)
+		if code != 2 || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, %q; want 2 and %q", c.args, code, errs, c.want)
+		}
+	}
+	if s, err := store.Open(db); err == nil {
+		traces, _ := s.Traces()
+		s.Close()
+		if len(traces) != 0 {
+			t.Errorf("%d traces stored", len(traces))
+		}
+	}
+}
