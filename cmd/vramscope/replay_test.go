@@ -361,3 +361,28 @@ func TestReplayPicksAndNamesTheOOMDevice(t *testing.T) {
 		}
 	}
 }
+
+// --device names a device of a snapshot file: of a stored trace (one
+// device) or an RMM log it is refused unless it names that device, never
+// silently ignored.
+func TestReplayDeviceOfATraceOrLog(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "d.db")
+	ids := importJSON(t, filepath.Join(realSnapshots, "oom_nonexpandable.json"), db)
+	log := scenarioDLog(t)
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"replay", "--db", db, "--device", "2", "--trace", ids[0]}, 2, "--device picks a device of a snapshot file; trace " + ids[0] + " is device 0"},
+		{[]string{"whatif", "--db", db, "--device", "2", "--trace", ids[0]}, 2, "is device 0 (each device of an upload is a trace of its own)"},
+		{[]string{"trace", "--workload", "replay", "--db", db, "--device", "2", "--trace", ids[0]}, 2, "is device 0"},
+		{[]string{"replay", "--device", "1", log}, 2, "--device picks a device of a snapshot file; " + log + " is an RMM log"},
+		{[]string{"replay", "--db", db, "--device", "0", "--trace", ids[0]}, 0, ""},
+	} {
+		code, _, errs := runCmd(c.args...)
+		if code != c.code || !strings.Contains(errs, c.want) {
+			t.Errorf("%v: exit %d, %q; want %d and %q", c.args, code, errs, c.code, c.want)
+		}
+	}
+}

@@ -50,8 +50,12 @@ func requestStream(arg, dbPath string, device int, stderr io.Writer) (replay.Str
 			return replay.Stream{}, err
 		}
 		defer db.Close()
-		if _, err := db.Trace(arg); err != nil {
+		tr, err := db.Trace(arg)
+		if err != nil {
 			return replay.Stream{}, usagef("%s is neither a file nor a trace in %s", arg, dbPath)
+		}
+		if device >= 0 && device != tr.DeviceOrdinal {
+			return replay.Stream{}, usagef("--device picks a device of a snapshot file; trace %s is device %d (each device of an upload is a trace of its own)", arg, tr.DeviceOrdinal)
 		}
 		rec, err := db.Recording(arg)
 		if err != nil {
@@ -66,6 +70,9 @@ func requestStream(arg, dbPath string, device int, stderr io.Writer) (replay.Str
 	defer f.Close()
 	br := bufio.NewReaderSize(f, 1<<20)
 	if head, _ := br.Peek(6); string(head) == "Thread" {
+		if device >= 0 {
+			return replay.Stream{}, usagef("--device picks a device of a snapshot file; %s is an RMM log", arg)
+		}
 		reqs, err := replay.ReadRMM(br)
 		if err != nil {
 			return replay.Stream{}, inputError{fmt.Errorf("%s: %w", arg, err)}
