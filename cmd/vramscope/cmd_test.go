@@ -192,3 +192,24 @@ func TestWhatIfJSON(t *testing.T) {
 		t.Errorf("unknown trace: exit %d", code)
 	}
 }
+
+// Every command answers -h with its usage line, exit 0, and help lists
+// every command.
+func TestEveryCommandHasUsage(t *testing.T) {
+	code, out, _ := runCmd("help")
+	if code != 0 {
+		t.Fatalf("help: exit %d", code)
+	}
+	for name := range commands {
+		if !strings.Contains(out, "\n  "+name+" ") {
+			t.Errorf("help does not list %s:\n%s", name, out)
+		}
+		if name == "version" {
+			continue // takes no flags
+		}
+		code, _, errs := runCmd(name, "-h")
+		if code != 0 || !strings.HasPrefix(errs, "usage: vramscope "+name) {
+			t.Errorf("%s -h: exit %d, %.80q", name, code, errs)
+		}
+	}
+}

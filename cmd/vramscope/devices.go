@@ -19,6 +19,10 @@ var listDevices = cuda.Devices
 func runDevices(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("devices", stderr)
 	asJSON := fs.Bool("json", false, "print a JSON array")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: vramscope devices [--json]")
+		fs.PrintDefaults()
+	}
 	pos, err := parseArgs(fs, args)
 	if err != nil {
 		return err

@@ -20,7 +20,7 @@ func init() {
 
 func runExport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("export", stderr)
-	out := fs.String("o", "", "output file (.pickle); - for standard output")
+	out := fs.String("o", "", "output file (.pickle; .pb.gz with --format pprof); - for standard output")
 	dbPath := fs.String("db", defaultDB, "SQLite database")
 	device := fs.Int("device", -1, "write only this device of the trace's upload (default: every device)")
 	format := fs.String("format", "pickle", "pickle (a PyTorch snapshot) or pprof (the live allocations at an instant)")
@@ -29,7 +29,7 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	allFrames := fs.Bool("all-frames", false, "pprof: keep the frames views hide (the allocator's, C++ and CPython's)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope export TRACE -o FILE.pickle [--device N] [--db PATH]")
-		fmt.Fprintln(stderr, "       vramscope export TRACE --format pprof [--at T | --seq N] -o live.pb.gz [--db PATH]")
+		fmt.Fprintln(stderr, "       vramscope export TRACE --format pprof [--at T | --seq N] [--all-frames] -o live.pb.gz [--db PATH]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseTraceArgs(fs, args)
