@@ -386,3 +386,25 @@ func TestReplayDeviceOfATraceOrLog(t *testing.T) {
 		}
 	}
 }
+
+// A setting whose replay could not run (roundup_power2_divisions:4 makes
+// the starting layout of a real snapshot too large for its device) shows
+// no counts it did not make: no "0" OOMs, no "0 B" peak, and says why.
+func TestWhatIfRowOfAReplayThatStopped(t *testing.T) {
+	code, out, errs := runCmd("whatif", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"))
+	if code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	var row string
+	for _, l := range strings.Split(out, "\n") {
+		if strings.HasPrefix(l, "roundup_power2_divisions:4") {
+			row = l
+		}
+	}
+	if f := strings.Fields(row); len(f) != 8 || f[1] != "(*)" || strings.Join(f[2:6], " ") != "- - - -" {
+		t.Errorf("the row %q", row)
+	}
+	if !strings.Contains(out, "(*) roundup_power2_divisions:4: the starting layout (22.32 GiB reserved under these settings) does not fit on a 21.01 GiB device") {
+		t.Errorf("whatif says\n%s", out)
+	}
+}

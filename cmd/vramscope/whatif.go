@@ -91,12 +91,14 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		if r.CapacityNeeded == 0 {
 			need = "> " + gpu.FormatBytes(replay.MaxCapacityNeeded)
 		}
+		ooms, peak := fmt.Sprint(len(r.OOMs)), gpu.FormatBytes(r.PeakReserved)
 		if r.Err != "" {
-			need += " (*)"
+			// The replay stopped: what it counted is not the setting's.
 			failed = append(failed, fmt.Sprintf("(*) %s: %s", conf, r.Err))
+			conf += " (*)"
+			ooms, served, fresh, peak, frag = "-", "-", "-", "-", nil
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%s\t%s\t%s\t%s\n", conf, len(r.OOMs), served, fresh, gpu.FormatBytes(r.PeakReserved),
-			strings.Join(frag, " "), need)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", conf, ooms, served, fresh, peak, strings.Join(frag, " "), need)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
