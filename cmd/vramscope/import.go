@@ -32,7 +32,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	run := fs.String("run", "", "import the FILES (a folder: the files in it) as the ranks of one run of this name, on every core")
 	ranks := fs.String("ranks", "", "with --run: the files' ranks in order, as 0,1,2,... (default: from the names, user_metadata, or the files' order)")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope import FILE [--name N] [--db PATH] [--device N] [--dry-run] [--json]")
+		fmt.Fprintln(stderr, "usage: vramscope import FILE|- [--name N] [--db PATH] [--device N] [--dry-run] [--json]   (-: standard input)")
 		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER... [--ranks 0,1,...] [--db PATH] [--json]")
 		fs.PrintDefaults()
 	}
@@ -54,11 +54,13 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	}
 	path := pos[0]
 	defer limitMemory([]string{path})()
-	f, err := os.Open(path)
-	if err != nil {
-		return inputError{err}
+	f := os.Stdin
+	if path != "-" {
+		if f, err = os.Open(path); err != nil {
+			return inputError{err}
+		}
+		defer f.Close()
 	}
-	defer f.Close()
 	var r io.Reader = f
 	if st, err := f.Stat(); err == nil && st.Size() > 32<<20 {
 		r = &progressReader{r: f, total: st.Size(), w: stderr, name: filepath.Base(path)}
@@ -91,7 +93,11 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		}
 		defer db.Close()
 		n := *name
-		if n == "" {
+		switch {
+		case n != "":
+		case path == "-":
+			n = "stdin"
+		default:
 			n = filepath.Base(path)
 		}
 		ids, err := ingest.Store(context.Background(), db, chosen, n)

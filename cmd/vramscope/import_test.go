@@ -209,3 +209,29 @@ func TestImportAndReplayRefuseAnEmptyDevice(t *testing.T) {
 		}
 	}
 }
+
+// import - reads the snapshot from standard input, so that export -o -
+// pipes into it; the trace is named "stdin" unless --name says otherwise.
+func TestImportFromStandardInput(t *testing.T) {
+	f, err := os.Open(filepath.Join(testdata, "windows_paths_small.pickle"))
+	if err != nil {
+		t.Skip(err)
+	}
+	defer f.Close()
+	stdin := os.Stdin
+	os.Stdin = f
+	defer func() { os.Stdin = stdin }()
+	db := filepath.Join(t.TempDir(), "s.db")
+	code, out, errs := runCmd("import", "-", "--db", db)
+	if code != 0 || !strings.HasPrefix(out, "device 0: 216 segments, 455 blocks, 5163 events, 1377753600 B allocated, 14180941824 B reserved, 0 OOMs, trace ") {
+		t.Fatalf("exit %d: %s%s", code, out, errs)
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if traces, _ := s.Traces(); len(traces) != 1 || traces[0].Name != "stdin" {
+		t.Errorf("stored %+v", traces)
+	}
+}
