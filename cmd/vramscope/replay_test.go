@@ -270,6 +270,21 @@ func TestWhatIfPerOOMFromALog(t *testing.T) {
 	}
 }
 
+// storedTrace reads trace id of database db.
+func storedTrace(t *testing.T, db, id string) gpu.Trace {
+	t.Helper()
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	tr, err := s.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}
+
 // A replay's statistics are the stream's, not those of rebuilding its
 // starting layout: a state-only snapshot replays no request, so nothing
 // was allocated or freed and the peaks are the snapshot's own; a trace
@@ -290,16 +305,8 @@ func TestReplayStatsLeaveOutTheStartingLayout(t *testing.T) {
 		}
 		if c.peakAlloc == 0 {
 			db := filepath.Join(t.TempDir(), "i.db")
-			if code, _, errs := runCmd("import", file, "--db", db); code != 0 {
-				t.Fatalf("import: exit %d %s", code, errs)
-			}
-			s, err := store.Open(db)
-			if err != nil {
-				t.Fatal(err)
-			}
-			traces, _ := s.Traces()
-			s.Close()
-			c.peakAlloc, c.peakReserved = int64(traces[0].PeakAllocated), int64(traces[0].PeakReserved)
+			tr := storedTrace(t, db, importJSON(t, file, db)[0])
+			c.peakAlloc, c.peakReserved = int64(tr.PeakAllocated), int64(tr.PeakReserved)
 		}
 		code, out, errs := runCmd("replay", file, "--json")
 		if code != 0 {
@@ -342,16 +349,7 @@ func TestReplayPicksAndNamesTheOOMDevice(t *testing.T) {
 		t.Errorf("whatif's stderr %q does not say %q", errs, want)
 	}
 	db := filepath.Join(t.TempDir(), "i.db")
-	if code, _, errs := runCmd("import", file, "--db", db, "--device", "1"); code != 0 {
-		t.Fatalf("import: exit %d %s", code, errs)
-	}
-	s, err := store.Open(db)
-	if err != nil {
-		t.Fatal(err)
-	}
-	traces, _ := s.Traces()
-	s.Close()
-	for _, args := range [][]string{{"replay", file}, {"replay", "--db", db, "--trace", traces[0].ID}} {
+	for _, args := range [][]string{{"replay", file}, {"replay", "--db", db, "--trace", importJSON(t, file, db)[1]}} {
 		code, out, errs := runCmd(args...)
 		if code != 0 {
 			t.Fatalf("%v: exit %d %s", args, code, errs)
