@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -29,11 +30,11 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
 	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
-	run := fs.String("run", "", "import the FILES (a folder: the files in it) as the ranks of one run of this name, on every core")
+	run := fs.String("run", "", "import the FILES (a folder: the files in it; a tar: its files) as the ranks of one run of this name, on every core")
 	ranks := fs.String("ranks", "", "with --run: the files' ranks in order, as 0,1,2,... (default: from the names, user_metadata, or the files' order)")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope import FILE|- [--name N] [--db PATH] [--device N] [--dry-run] [--json]   (-: standard input)")
-		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER... [--ranks 0,1,...] [--db PATH] [--json]")
+		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER|TAR... [--ranks 0,1,...] [--db PATH] [--json]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
@@ -139,7 +140,7 @@ type runRankJSON struct {
 // importRun imports files (folders stand for their files) as one run.
 func importRun(name string, args []string, rankList, dbPath, addr string, asJSON bool, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
-		return usagef("--run wants the FILES (or a FOLDER) of its ranks")
+		return usagef("--run wants the FILES (or a FOLDER, or a TAR) of its ranks")
 	}
 	paths, err := ingest.SnapshotFiles(args)
 	if err != nil {
@@ -147,12 +148,20 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	}
 	defer limitMemory(paths)()
 	var src ingest.RunSource = &runProgress{RunSource: ingest.Files(paths), w: stderr, total: len(paths)}
+	tarred, err := openTar(paths)
+	if err != nil {
+		return err
+	}
+	if tarred != nil {
+		defer tarred.Close()
+		src = &runProgress{RunSource: ingest.Tar(tarred, pytorch.Options{}), w: stderr}
+	}
 	if rankList != "" {
 		ranks, err := ingest.ParseRanks(rankList)
 		if err != nil {
 			return usagef("--ranks: %v", err)
 		}
-		if len(ranks) != len(paths) {
+		if tarred == nil && len(ranks) != len(paths) {
 			return usagef("--ranks gives %d ranks for %d files", len(ranks), len(paths))
 		}
 		src = ingest.WithRanks(src, ranks)
@@ -188,6 +197,30 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	return nil
 }
 
+// openTar opens paths when they are one tar archive (gzipped or not) on
+// disk, and returns nil otherwise; a pipe is left unread.
+func openTar(paths []string) (io.ReadCloser, error) {
+	if len(paths) != 1 {
+		return nil, nil
+	}
+	if st, err := os.Stat(paths[0]); err != nil || !st.Mode().IsRegular() {
+		return nil, nil
+	}
+	f, err := os.Open(paths[0])
+	if err != nil {
+		return nil, err
+	}
+	br := bufio.NewReaderSize(f, 64<<10)
+	if isTar, err := ingest.IsTar(br); err != nil || !isTar {
+		f.Close()
+		return nil, err
+	}
+	return struct {
+		io.Reader
+		io.Closer
+	}{br, f}, nil
+}
+
 // limitMemory sets the soft memory limit for importing paths, unless the
 // GOMEMLIMIT environment variable sets one, and returns what undoes it.
 func limitMemory(paths []string) (undo func()) {
@@ -217,7 +250,11 @@ func (p *runProgress) Next() (ingest.RunFile, error) {
 	f.Close = func() error {
 		p.mu.Lock()
 		p.read++
-		fmt.Fprintf(p.w, "read %s (%d/%d)\n", f.Name, p.read, p.total)
+		if p.total > 0 {
+			fmt.Fprintf(p.w, "read %s (%d/%d)\n", f.Name, p.read, p.total)
+		} else { // a tar's files are counted as they come
+			fmt.Fprintf(p.w, "read %s (%d)\n", f.Name, p.read)
+		}
 		p.mu.Unlock()
 		if closeFile != nil {
 			return closeFile()

@@ -144,7 +144,8 @@ func TestImportRefusesBadSettings(t *testing.T) {
 	}
 }
 
-// A tar (of a run's snapshots) is named as such, not by its first bytes.
+// A tar (of a run's snapshots) given as one snapshot is named as such,
+// not by its first bytes; import --run reads it (TestImportRun).
 func TestImportNamesATar(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(testdata, "two_gpus_expandable_state_only.pickle"))
 	if err != nil {
@@ -157,7 +158,7 @@ func TestImportNamesATar(t *testing.T) {
 	tw.Close()
 	path := filepath.Join(t.TempDir(), "job.tar")
 	os.WriteFile(path, buf.Bytes(), 0o644)
-	for _, args := range [][]string{{path, "--dry-run"}, {"--run", "job", "--db", filepath.Join(t.TempDir(), "t.db"), path}} {
+	for _, args := range [][]string{{path, "--dry-run"}, {path, "--db", filepath.Join(t.TempDir(), "t.db")}} {
 		code, _, errs := runCmd(append([]string{"import"}, args...)...)
 		if code != 2 || !strings.Contains(errs, "job.tar: not a PyTorch snapshot but a tar archive") {
 			t.Errorf("%v: exit %d: %s", args, code, errs)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -108,7 +109,21 @@ func TestImportRun(t *testing.T) {
 	if err != nil || len(r.Ranks) != 2 || r.Ranks[1].Traces[1].ID != res.Ranks[1].Devices[1].TraceID {
 		t.Fatalf("run %+v, %v", r, err)
 	}
+	// The same folder in a tar.gz, as the server takes it.
+	tarred := filepath.Join(dir, "job.tar.gz")
+	if err := exec.Command("tar", "-C", dir, "-czf", tarred, "job").Run(); err != nil {
+		t.Fatal(err)
+	}
+	code, out, errs = runCmd("import", "--run", "job", tarred, "--db", db, "--json")
+	if code != 0 {
+		t.Fatalf("a tar: exit %d: %s", code, errs)
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil || len(res.Ranks) != 2 || len(res.Ranks[1].Devices) != 3 ||
+		res.Ranks[0].File != "job/rank0/snapshot.pickle" || !strings.Contains(errs, "snapshot.pickle (2)\n") {
+		t.Fatalf("a tar: %+v, %v; stderr %q", res, err, errs)
+	}
 	for _, bad := range [][]string{
+		{"import", "--run", "x", tarred, "--ranks", "0"},
 		{"import", filepath.Join(dir, "job", "rank0", "snapshot.pickle"), filepath.Join(dir, "job", "rank1", "snapshot.pickle")},
 		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0"},
 		{"import", "--run", "x", filepath.Join(dir, "job"), "--ranks", "0,b"},
