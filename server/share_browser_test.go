@@ -244,6 +244,20 @@ func TestBrowserMemoryNeeded(t *testing.T) {
 		!strings.Contains(status, "capacity inferred from 39 retries") {
 		t.Fatalf("memory needed %q, status %q", needed, status)
 	}
+	// roundup_power2_divisions:4 makes the starting layout too large for
+	// the device: its row says why and shows no counts it did not make.
+	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
+		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
+	var stopped []string
+	for _, r := range rows {
+		if r[0] == "roundup_power2_divisions:4" {
+			stopped = r
+		}
+	}
+	// Settings, OOMs, new OOMs, peak reserved, memory needed.
+	if len(stopped) != 5 || strings.Join(stopped[1:4], " ") != "– – –" || !strings.Contains(stopped[4], "the replay failed: the starting layout") {
+		t.Fatalf("the row of a replay that stopped: %q (rows %q)", stopped, rows)
+	}
 	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#needed-panel`))
 	screenshot(t, ctx, shotDir(t), "trace-memory-needed")
 }

@@ -46,8 +46,9 @@ export function whatIfTable(w, oom) {
       tr.append(el("td", { class: served && i > 0 ? "yes" : null }, r.error ? "–" : served ? "served" : "failed"),
         el("td", {}, k < r.fragmentation_at_oom.length ? (100 * r.fragmentation_at_oom[k]).toFixed(1) + " %" : "–"));
     }
-    tr.append(el("td", {}, String(r.ooms.length)), el("td", {}, i === 0 ? "–" : String(r.new_ooms.length)),
-      el("td", {}, fmtBytes(r.peak_reserved)), el("td", {}, needed(r)));
+    // A replay that stopped counted nothing of the setting's: no figures.
+    tr.append(el("td", {}, r.error ? "–" : String(r.ooms.length)), el("td", {}, i === 0 || r.error ? "–" : String(r.new_ooms.length)),
+      el("td", {}, r.error ? "–" : fmtBytes(r.peak_reserved)), el("td", { class: r.error ? "why" : null }, needed(r)));
     body.append(tr);
   });
   t.append(body);
