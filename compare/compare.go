@@ -321,6 +321,19 @@ func side(t *trace) Side {
 // used and, when it is not the one asked for, why.
 func align(a, b *trace, want Align) (Align, string) {
 	note := ""
+	// A snapshot without time_us has event indexes for times: on a time
+	// axis they would read as microseconds.
+	if want != ByEvent && (a.t.NoTime || b.t.NoTime) {
+		switch {
+		case a.t.NoTime && b.t.NoTime:
+			note = "neither trace recorded times (no time_us): aligned by event"
+		case a.t.NoTime:
+			note = "trace A recorded no times (no time_us): aligned by event"
+		default:
+			note = "trace B recorded no times (no time_us): aligned by event"
+		}
+		want = ByEvent
+	}
 	if want == ByStep {
 		ka, kb := knots(a, b)
 		if len(ka) > 0 {
