@@ -32,6 +32,15 @@ export function fmtTime(us) {
   return (us / 6e7).toFixed(2) + " min";
 }
 
+/**
+ * Where the state right after event seq stands: seq -1 is before the
+ * first event, or, in a snapshot of no events, its one state.
+ */
+export function afterEvent(seq, noEvents) {
+  if (seq >= 0) return "right after event " + seq;
+  return noEvents ? "the snapshot's state (no events recorded)" : "before the first event";
+}
+
 export function fmtAddr(a) { return "0x" + Math.round(a).toString(16); }
 
 /** el("td", {class: "x"}, "text", child) builds an element; strings become text nodes. */

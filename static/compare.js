@@ -142,7 +142,7 @@ function showSettings(d) {
 const GROUP_NAMES = { frame: "First user frame", stack: "Stack", category: "Category" };
 
 function pointText(side, p) {
-  const when = page.data.align === "event" ? `event ${p.seq}` : p.seq < 0 ? "before the first event" : `after event ${p.seq}`;
+  const when = p.seq < 0 ? "before the first event" : page.data.align === "event" ? `event ${p.seq}` : `after event ${p.seq}`;
   return `${side}: ${fmtBytes(p.allocated)} allocated, ${when}`;
 }
 

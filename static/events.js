@@ -18,10 +18,11 @@ export class EventList {
     this.box = box;
     this.view = view;
     this.pages = new Map(); // page number -> Promise of {events, labels, user_metadata} (or the answer)
-    this.n = Math.max(0, view.lastSeq - view.firstSeq + 1);
+    this.n = view.firstSeq < 0 ? 0 : Math.max(0, view.lastSeq - view.firstSeq + 1);
     this.spacer = el("div", { class: "vspacer" });
     this.rows = el("div", { class: "vrows", role: "listbox", "aria-label": "Events" });
     box.replaceChildren(this.spacer, this.rows);
+    if (!this.n) box.append(el("p", { class: "dim" }, "No events: the snapshot holds the allocator's state at one instant."));
     this.spacer.style.height = Math.min(this.n * ROW, MAX_PX) + "px";
     box.addEventListener("scroll", () => this.render());
     new ResizeObserver(() => this.render()).observe(box);

@@ -4,7 +4,7 @@
 // peak, each OOM and each step's peak, and the same live set as a pprof
 // profile. A frame picked in the graph or the table highlights its
 // allocations on the timeline and the segment map.
-import { api, el, fmtBytes, LatestFetch } from "./common.js";
+import { api, el, fmtBytes, LatestFetch, afterEvent } from "./common.js";
 import { Flame } from "./flame.js";
 
 export class LivePanel {
@@ -43,7 +43,7 @@ export class LivePanel {
     if (!d) { if (this.fetcher.failed) this.label.textContent = "failed: " + this.fetcher.failed; return; }
     this.data = d;
     this.pprof.href = `/api/traces/${v.id}/live.pb.gz?seq=${d.seq}${frames}`;
-    this.label.textContent = `${fmtBytes(d.bytes)} in ${d.count} allocation${d.count === 1 ? "" : "s"}, right after event ${d.seq}` +
+    this.label.textContent = `${fmtBytes(d.bytes)} in ${d.count} allocation${d.count === 1 ? "" : "s"}, ${afterEvent(d.seq, v.noEvents)}` +
       (d.step ? ` · in step ${d.step.step}` : "");
     this.flame.set(d);
     this.renderCategories();

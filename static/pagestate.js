@@ -133,7 +133,7 @@ export class PageState extends EventTarget {
   fmtT(t) { return this.noTime ? "#" + Math.round(t) : fmtTime(t - this.firstUS); }
 
   /** A span of time as shown. */
-  fmtDur(d) { return this.noTime ? Math.round(d) + " events" : fmtTime(d); }
+  fmtDur(d) { return this.noTime ? Math.round(d) + (Math.round(d) === 1 ? " event" : " events") : fmtTime(d); }
 
   /** Asks for a frame doing the named work besides drawing: "timeline", "map", "details". */
   request(...work) { this.frames.request(...work); }
@@ -357,7 +357,7 @@ export class PageState extends EventTarget {
   draw() {
     this.timeline.draw(this.pal);
     this.segmap.draw(this.pal);
-    document.getElementById("window-label").textContent =
+    document.getElementById("window-label").textContent = this.noEvents ? "no events" :
       this.fmtT(this.t0) + " – " + this.fmtT(this.t1) + " (" + this.fmtDur(this.t1 - this.t0) + ")";
     document.getElementById("cursor-label").textContent = this.hooks.cursorLabel(this.segmap.data);
   }

@@ -1,7 +1,7 @@
 // The trace view: timeline, segment map, event list and details kept in
 // step through one page state (pagestate.js), which keeps the view
 // (window, memory range, cursor, selection, panel, search) in the URL.
-import { api, el, dl, fmtBytes, fmtAddr } from "./common.js";
+import { api, el, dl, fmtBytes, fmtAddr, afterEvent } from "./common.js";
 import { framesList } from "./tips.js";
 import { PageState } from "./pagestate.js";
 import { initShare } from "./share.js";
@@ -23,7 +23,8 @@ const view = new PageState(root, {
   panels,
   panel: "cursor",
   initialCursor,
-  cursorLabel: (d) => "at " + view.fmtT(view.cursor) + (d ? " · event " + d.seq + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : ""),
+  cursorLabel: (d) => (view.noEvents ? "" : "at " + view.fmtT(view.cursor)) +
+    (d ? (view.noEvents ? afterEvent(d.seq, true) : d.seq < 0 ? " · before the first event" : " · event " + d.seq) + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : ""),
   details,
   mapLoaded: (d) => {
     events.reveal(d?.seq ?? view.firstSeq);
@@ -33,6 +34,7 @@ const view = new PageState(root, {
 });
 view.firstSeq = Number(data.firstSeq);
 view.lastSeq = Number(data.lastSeq);
+view.noEvents = view.lastSeq < 0; // a snapshot of its state alone
 view.t0 ??= view.fullT0;
 view.t1 ??= view.fullT1;
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
@@ -106,6 +108,9 @@ async function details() {
     else if (view.panel === "cursor") cursorPanel();
     else if (view.panel === "summary") {
       const d = view.segmap.data;
+      // No cursor yet (it starts at the peak once usage loads): the map's
+      // load renders the details again.
+      if (!d && view.cursor === null) { document.getElementById("summary-text").textContent = "Loading…"; return; }
       const at = d ? "seq=" + d.seq : "t=" + view.cursor;
       const text = await api(`/api/traces/${view.id}/summary?${at}`, { signal: ac.signal, text: true });
       document.getElementById("summary-text").textContent = text;
@@ -126,7 +131,7 @@ function cursorPanel() {
   if (!d) { box.replaceChildren(el("p", { class: "dim" }, "Loading…")); return; }
   const f = d.figures;
   box.replaceChildren(dl([
-    ["Time", view.fmtT(d.seq >= 0 ? d.t : view.cursor) + " (right after event " + d.seq + ")"],
+    ["Time", view.noEvents ? afterEvent(d.seq, true) : view.fmtT(d.seq >= 0 ? d.t : view.cursor) + " (" + afterEvent(d.seq) + ")"],
     ["Reserved", fmtBytes(f.reserved_bytes)],
     ["Allocated", fmtBytes(f.allocated_bytes)],
     ["Active", fmtBytes(f.active_bytes)],
