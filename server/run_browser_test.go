@@ -2,6 +2,7 @@ package server
 
 import (
 	"fmt"
+	"math"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -87,6 +88,17 @@ func TestBrowserUploadRun(t *testing.T) {
 		t.Errorf("the run is named %q, want llama", h1)
 	}
 	screenshot(t, ctx, dir, "run-of-real-snapshots")
+	// The time axis marks round times since the run began (its labels'
+	// origin), not round clock times labelled from it (284.1 ms, 784.1 ms).
+	ticks := within(t, ctx, "ticks", chromedp.Evaluate[[]float64](`runPage.page.ticks || []`))
+	if len(ticks) < 2 {
+		t.Fatalf("ticks %v", ticks)
+	}
+	for _, v := range ticks {
+		if step := ticks[1] - ticks[0]; math.Abs(math.Remainder(v, step)) > 1e-6*step {
+			t.Errorf("tick at %v µs is not a multiple of the step %v µs: %v", v, step, ticks)
+		}
+	}
 	run := strings.TrimPrefix(within(t, ctx, "path", chromedp.Evaluate[string](`location.pathname`)), "/runs/")
 
 	within(t, ctx, "back to the list", chromedp.Navigate(f.srv.URL+"/"))

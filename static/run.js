@@ -208,10 +208,12 @@ function draw() {
   ctx.strokeStyle = pal.grid;
   ctx.textBaseline = "alphabetic";
   ctx.font = "11px system-ui, sans-serif";
-  for (const t of niceTicks(page.t0, page.t1, Math.max(2, Math.floor(plotWidth() / 110)))) {
-    const x = xOf(t);
+  // Round numbers of the time since the run began, the labels' origin.
+  page.ticks = niceTicks(page.t0 - FULL[0], page.t1 - FULL[0], Math.max(2, Math.floor(plotWidth() / 110)));
+  for (const t of page.ticks) {
+    const x = xOf(t + FULL[0]);
     ctx.fillRect(x, AXIS_H - 5, 1, 5);
-    ctx.fillText(fmtTime(t - FULL[0]), x + 2, AXIS_H - 8);
+    ctx.fillText(fmtTime(t), x + 2, AXIS_H - 8);
   }
   document.getElementById("window-label").textContent =
     `${fmtTime(page.t0 - FULL[0])} – ${fmtTime(page.t1 - FULL[0])} of the run · ${fmtTime(h.bucket_us)} per column`;
