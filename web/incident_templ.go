@@ -218,33 +218,20 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int) templ.Componen
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, ": out of memory at event ")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, ": ")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var15 string
-			templ_7745c5c3_Var15, templ_7745c5c3_Err = templ.JoinStringErrs(i64(all[n-1].Seq))
+			templ_7745c5c3_Var15, templ_7745c5c3_Err = templ.JoinStringErrs(oomWhen(t, all[n-1]))
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 26, Col: 72}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 26, Col: 52}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var15))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, ", ")
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			var templ_7745c5c3_Var16 string
-			templ_7745c5c3_Var16, templ_7745c5c3_Err = templ.JoinStringErrs(Duration(all[n-1].TimeUS - t.FirstUS))
-			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 26, Col: 115}
-			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var16))
-			if templ_7745c5c3_Err != nil {
-				return templ_7745c5c3_Err
-			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, " into the trace</h2><p id=\"verdict\" class=\"verdict\" role=\"status\">Analyzing…</p><div id=\"facts\"></div></section><section class=\"panel timeline-panel\" aria-label=\"Timeline leading up to the OOM\"><div class=\"panel-head\"><h2>Leading up to the OOM</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key oom\">OOM</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button> <button type=\"button\" class=\"btn\" id=\"reset\">Back to the OOM (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline up to the OOM: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map at the OOM\"><div class=\"panel-head\"><h2>Segment map at the OOM</h2><span class=\"legend\"><span class=\"key pinning\">pinning a split segment</span> <span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map right after the OOM: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel details\" aria-label=\"Free memory\"><h3>Free memory by pool and stream</h3><div id=\"pools\"></div><h3>Pinned segments</h3><p class=\"dim\">Segments that could not be given back to the driver: live blocks split them, so their free pieces are stranded.</p><div id=\"pinned\"></div></section></div><section class=\"panel\" aria-label=\"Pinning allocations\"><h3>Allocations pinning split segments, by stack</h3><div id=\"pinners\"></div></section><section class=\"panel\" aria-label=\"What if\"><h3>What if: the whole trace replayed under other allocator settings</h3><p id=\"whatif-status\" class=\"dim\" role=\"status\">Waiting for the analysis…</p><div id=\"whatif\"></div></section></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "</h2><p id=\"verdict\" class=\"verdict\" role=\"status\">Analyzing…</p><div id=\"facts\"></div></section><section class=\"panel timeline-panel\" aria-label=\"Timeline leading up to the OOM\"><div class=\"panel-head\"><h2>Leading up to the OOM</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key oom\">OOM</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button> <button type=\"button\" class=\"btn\" id=\"reset\">Back to the OOM (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline up to the OOM: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map at the OOM\"><div class=\"panel-head\"><h2>Segment map at the OOM</h2><span class=\"legend\"><span class=\"key pinning\">pinning a split segment</span> <span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map right after the OOM: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel details\" aria-label=\"Free memory\"><h3>Free memory by pool and stream</h3><div id=\"pools\"></div><h3>Pinned segments</h3><p class=\"dim\">Segments that could not be given back to the driver: live blocks split them, so their free pieces are stranded.</p><div id=\"pinned\"></div></section></div><section class=\"panel\" aria-label=\"Pinning allocations\"><h3>Allocations pinning split segments, by stack</h3><div id=\"pinners\"></div></section><section class=\"panel\" aria-label=\"What if\"><h3>What if: the whole trace replayed under other allocator settings</h3><p id=\"whatif-status\" class=\"dim\" role=\"status\">Waiting for the analysis…</p><div id=\"whatif\"></div></section></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

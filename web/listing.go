@@ -31,6 +31,9 @@ func (l Listing) Range() string {
 	if l.Total == 0 {
 		return "no traces"
 	}
+	if len(l.Traces) == 0 {
+		return fmt.Sprintf("none of %d", l.Total)
+	}
 	first := (l.Page-1)*l.Per + 1
 	return fmt.Sprintf("%d–%d of %d", first, first+len(l.Traces)-1, l.Total)
 }

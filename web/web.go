@@ -30,6 +30,37 @@ func Duration(us int64) string {
 	return fmt.Sprintf("%.1f min", float64(us)/6e7)
 }
 
+// TraceDuration is how long a trace ran. A snapshot without time_us
+// counts events instead (its times are event indexes), and one of no
+// events ran no time.
+func TraceDuration(t gpu.Trace) string {
+	switch {
+	case t.Events == 0:
+		return "–"
+	case t.NoTime:
+		return fmt.Sprintf("%d %s", t.Events, plural(int(t.Events), "event", "events"))
+	}
+	return Duration(t.LastUS - t.FirstUS)
+}
+
+// DeviceOrdinal is ", cuda:N" after a device name that does not say it.
+func DeviceOrdinal(t gpu.Trace) string {
+	if o := "cuda:" + itoa(t.DeviceOrdinal); t.DeviceName != o {
+		return o
+	}
+	return ""
+}
+
+// oomWhen says where in trace t incident in happened; a trace without
+// times has its event alone.
+func oomWhen(t gpu.Trace, in gpu.Incident) string {
+	s := fmt.Sprintf("out of memory at event %d", in.Seq)
+	if !t.NoTime {
+		s += ", " + Duration(in.TimeUS-t.FirstUS) + " into the trace"
+	}
+	return s
+}
+
 func itoa(n int) string { return strconv.Itoa(n) }
 
 // plural picks one or many by n.
