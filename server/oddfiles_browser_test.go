@@ -103,3 +103,42 @@ func TestBrowserSummaryTabFirst(t *testing.T) {
 		t.Errorf("%q", e)
 	}
 }
+
+// On a 1400 px window: every details tab is in sight (none cut off at the
+// panel's edge), the event list of a trace without times has no time
+// column to repeat its seqs, and the reason of a what-if replay that
+// failed (no_time_us_segment_churn under roundup_power2_divisions:4 starts
+// larger than the device) wraps inside the page instead of widening it.
+func TestBrowserTabsAndFailedReplay(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	tr := importSnapshot(t, db, "no_time_us_segment_churn.pickle")[0]
+	srv := serve(t, db)
+	errs := pageErrors(t, ctx)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+tr.ID))
+	waitReady(t, ctx)
+	hidden := within(t, ctx, "tabs", chromedp.Evaluate[[]string](`(() => {
+		const box = document.querySelector("#tab-cursor").parentElement.getBoundingClientRect();
+		return [...document.querySelectorAll(".tabs .tab")].filter((b) => {
+			const r = b.getBoundingClientRect();
+			return r.width === 0 || r.right > box.right + 0.5 || r.left < box.left - 0.5;
+		}).map((b) => b.textContent);
+	})()`))
+	if len(hidden) > 0 {
+		t.Errorf("tabs out of sight: %q", hidden)
+	}
+	// Without times, the event list's time column would repeat the seq.
+	waitFor(t, ctx, "the event list", `document.querySelectorAll("#events .vrow .c-time").length > 5`)
+	if times := within(t, ctx, "times", chromedp.Evaluate[string](`[...document.querySelectorAll("#events .vrow .c-time")].map((e) => e.textContent).join("")`)); times != "" {
+		t.Errorf("the event list's times: %q", times)
+	}
+	waitFor(t, ctx, "the what-if table", `document.getElementById("needed").dataset.done === "1"`)
+	width := within(t, ctx, "page width", chromedp.Evaluate[[]float64](`[document.documentElement.scrollWidth, document.documentElement.clientWidth]`))
+	screenshot(t, ctx, shotDir(t), "failed-replay")
+	if width[0] > width[1] {
+		t.Errorf("the page is %v px wide in a %v px window", width[0], width[1])
+	}
+	if e := errs(); len(e) > 0 {
+		t.Errorf("%q", e)
+	}
+}

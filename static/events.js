@@ -102,6 +102,6 @@ export class EventList {
     el("span", { class: "c-addr" }, e.action === "oom" ? "" : fmtAddr(e.address)),
     el("span", { class: "c-stream", title: "stream " + e.stream }, String(e.stream)),
     el("span", { class: "c-frame" }, (meta ? "● " : "") + label),
-    el("span", { class: "c-time" }, v.fmtT(e.time_us)));
+    el("span", { class: "c-time" }, v.noTime ? "" : v.fmtT(e.time_us))); // without times, "#N" would repeat the seq
   }
 }
