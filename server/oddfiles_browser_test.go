@@ -13,8 +13,7 @@ import (
 
 // pageErrors gathers what the tab reports as going wrong from now on:
 // console errors, uncaught exceptions and failed requests (the browser
-// logs a 4xx or 5xx answer as an error). A 404 of /favicon.ico is no
-// page's fault and is left out.
+// logs a 4xx or 5xx answer as an error, /favicon.ico's too).
 func pageErrors(t *testing.T, ctx context.Context) func() []string {
 	t.Helper()
 	var mu sync.Mutex
@@ -25,7 +24,7 @@ func pageErrors(t *testing.T, ctx context.Context) func() []string {
 			if err != nil {
 				return
 			}
-			if (m.Type == chromedp.ConsoleError || m.IsException()) && !strings.Contains(m.URL, "/favicon.ico") {
+			if m.Type == chromedp.ConsoleError || m.IsException() {
 				mu.Lock()
 				got = append(got, m.String()+" "+m.URL)
 				mu.Unlock()
