@@ -9,6 +9,7 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"vramscope/internal/testkit"
+	"vramscope/tracer"
 )
 
 // pageErrors gathers what the tab reports as going wrong from now on:
@@ -136,6 +137,33 @@ func TestBrowserTabsAndFailedReplay(t *testing.T) {
 	screenshot(t, ctx, shotDir(t), "failed-replay")
 	if width[0] > width[1] {
 		t.Errorf("the page is %v px wide in a %v px window", width[0], width[1])
+	}
+	if e := errs(); len(e) > 0 {
+		t.Errorf("%q", e)
+	}
+}
+
+// The trace list of real snapshots: its figures, durations in events
+// included, and devices keep to one line each; only names may wrap.
+func TestBrowserListOneLineFigures(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	for _, name := range []string{"no_time_us_segment_churn.pickle", "two_gpus_expandable_state_only.pickle", "expandable_oom_multigpu.pickle", "training_22k_user_metadata.pickle"} {
+		importSnapshot(t, db, name)
+	}
+	testkit.Record(t, db, "demo: fragmentation OOM, a name long enough to need the room", tracer.DefaultFrag(), fragCapacity, "")
+	srv := serve(t, db)
+	errs := pageErrors(t, ctx)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/"))
+	within(t, ctx, "list", chromedp.WaitVisible(`table.traces`))
+	screenshot(t, ctx, shotDir(t), "list-of-real-snapshots")
+	wrapped := within(t, ctx, "cells on more than one line", chromedp.Evaluate[[]string](`[...document.querySelectorAll("table.traces td:not(:first-child):not(:last-child), table.traces th:not(:last-child)")].filter((c) => {
+		const r = document.createRange();
+		r.selectNodeContents(c);
+		return new Set([...r.getClientRects()].map((b) => Math.round(b.bottom))).size > 1;
+	}).map((c) => c.textContent.trim())`))
+	if len(wrapped) > 0 {
+		t.Errorf("wrapped: %q", wrapped)
 	}
 	if e := errs(); len(e) > 0 {
 		t.Errorf("%q", e)
