@@ -345,6 +345,9 @@ func TestCompareStateOnly(t *testing.T) {
 		}
 	}
 	r, _ := compare.Compare(db, devs[0], devs[1], compare.Options{})
+	if r.Timeline.X0 != 0 || r.Timeline.X1 != 1 {
+		t.Errorf("two traces of no events: timeline [%d, %d], want [0, 1]", r.Timeline.X0, r.Timeline.X1)
+	}
 	if r.Moments[0].A.Seq != -1 || r.Moments[0].A.Allocated == 0 || r.Settings[0].A != "True" {
 		t.Errorf("state only: %+v, settings %+v", r.Moments[0], r.Settings)
 	}

@@ -11,8 +11,11 @@ func timeline(a, b *trace, al Align, o Options) Timeline {
 				x0, x1 = min(x0, t.pos[0]), max(x1, t.pos[n-1])
 			}
 		}
+		if x1 < x0 { // neither trace has an event
+			x0, x1 = 0, 0
+		}
 		if x1 <= x0 {
-			x0, x1 = min(x0, 0), max(x0, 0)+1
+			x0, x1 = min(x0, 0), max(x1, 0)+1
 		}
 	}
 	unit := "us"
