@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -167,5 +168,34 @@ func TestBrowserListOneLineFigures(t *testing.T) {
 	}
 	if e := errs(); len(e) > 0 {
 		t.Errorf("%q", e)
+	}
+}
+
+// Opened with the timeline as stacked category areas (slower to answer
+// than the bands: the cursor waits for it), the segment map's label says
+// it is loading rather than a time computed from no cursor
+// ("at -29731240.37 min"), then the time at the peak.
+func TestBrowserAreaBandsFirst(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	tr := importSnapshot(t, db, "training_22k_user_metadata.pickle")[0]
+	srv := serve(t, db)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+tr.ID+"?bands=area"))
+	seen := map[string]bool{}
+	for deadline := time.Now().Add(90 * time.Second); ; {
+		if time.Now().After(deadline) {
+			t.Fatalf("no label at the peak; seen %v", seen)
+		}
+		got := within(t, ctx, "label", chromedp.Evaluate[map[string]string](`({label: document.getElementById("cursor-label")?.textContent ?? "",
+			ready: document.getElementById("view")?.dataset.ready ?? ""})`))
+		seen[got["label"]] = true
+		if got["ready"] == "1" && strings.Contains(got["label"], "event") {
+			break
+		}
+	}
+	for l := range seen {
+		if strings.Contains(l, "-") || strings.Contains(l, "NaN") || strings.Contains(l, "min") {
+			t.Errorf("the segment map's label read %q", l)
+		}
 	}
 }

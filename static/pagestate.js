@@ -130,7 +130,10 @@ export class PageState extends EventTarget {
   }
 
   /** A time of the trace as shown: "#N" when times are event indexes. */
-  fmtT(t) { return this.noTime ? "#" + Math.round(t) : fmtTime(t - this.firstUS); }
+  fmtT(t) {
+    if (t === null || t === undefined) return "–"; // no cursor yet
+    return this.noTime ? "#" + Math.round(t) : fmtTime(t - this.firstUS);
+  }
 
   /** A span of time as shown. */
   fmtDur(d) { return this.noTime ? Math.round(d) + (Math.round(d) === 1 ? " event" : " events") : fmtTime(d); }

@@ -23,7 +23,7 @@ const view = new PageState(root, {
   panels,
   panel: "cursor",
   initialCursor,
-  cursorLabel: (d) => (view.noEvents ? "" : "at " + view.fmtT(view.cursor)) +
+  cursorLabel: (d) => view.cursor === null && !d ? "Loading…" : (view.noEvents ? "" : "at " + view.fmtT(view.cursor)) +
     (d ? (view.noEvents ? afterEvent(d.seq, true) : d.seq < 0 ? " · before the first event" : " · event " + d.seq) + " · " + d.segment_count + " segments, " + d.block_count + " blocks" : ""),
   details,
   mapLoaded: (d) => {
