@@ -199,3 +199,25 @@ func TestBrowserAreaBandsFirst(t *testing.T) {
 		}
 	}
 }
+
+// A snapshot whose one event spans no time (settings_no_annotations) gets
+// a time axis of distinct whole microseconds, not "0 µs 0 µs 1 µs 1 µs".
+func TestBrowserOneInstantAxis(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	tr := importSnapshot(t, db, "settings_no_annotations.pickle")[0]
+	srv := serve(t, db)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/traces/"+tr.ID))
+	waitReady(t, ctx)
+	labels := within(t, ctx, "ticks", chromedp.Evaluate[[]string](`vramscope.timeline.tickLabels`))
+	seen := map[string]bool{}
+	for _, l := range labels {
+		if seen[l] {
+			t.Errorf("the tick %q twice: %q", l, labels)
+		}
+		seen[l] = true
+	}
+	if len(labels) < 2 {
+		t.Errorf("ticks %q", labels)
+	}
+}

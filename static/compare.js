@@ -208,7 +208,7 @@ function draw() {
     ctx.fillText(fmtBytesShort(v), 4, y);
   }
   ctx.textBaseline = "alphabetic";
-  for (const x of niceTicks(tl.x0, tl.x1, Math.max(2, Math.floor(plotWidth() / 110)), false, tl.unit === "event")) {
+  for (const x of niceTicks(tl.x0, tl.x1, Math.max(2, Math.floor(plotWidth() / 110)), false, true)) { // whole µs or events
     const px = xOf(x), label = fmtX(x);
     ctx.fillRect(px, TOP + plotH, 1, 4);
     if (px + 2 + ctx.measureText(label).width <= W) ctx.fillText(label, px + 2, H - 6);

@@ -209,7 +209,7 @@ function draw() {
   ctx.textBaseline = "alphabetic";
   ctx.font = "11px system-ui, sans-serif";
   // Round numbers of the time since the run began, the labels' origin.
-  page.ticks = niceTicks(page.t0 - FULL[0], page.t1 - FULL[0], Math.max(2, Math.floor(plotWidth() / 110)));
+  page.ticks = niceTicks(page.t0 - FULL[0], page.t1 - FULL[0], Math.max(2, Math.floor(plotWidth() / 110)), false, true);
   for (const t of page.ticks) {
     const x = xOf(t + FULL[0]);
     ctx.fillRect(x, AXIS_H - 5, 1, 5);

@@ -490,10 +490,14 @@ export class Timeline {
     const y0 = TOP + this.plotH;
     ctx.beginPath(); ctx.moveTo(AXIS_LEFT, y0 + 0.5); ctx.lineTo(AXIS_LEFT + this.plotW, y0 + 0.5); ctx.stroke();
     const origin = v.firstUS;
-    for (const t of niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)), false, v.noTime)) {
+    // Whole numbers: times are whole microseconds (or event indexes), and
+    // finer ticks would repeat their labels ("0 µs 0 µs 1 µs").
+    this.tickLabels = [];
+    for (const t of niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)), false, true)) {
       const x = Math.round(this.xOf(t + origin)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
-      ctx.fillText(v.fmtT(t + origin), x, y0 + 6);
+      this.tickLabels.push(v.fmtT(t + origin));
+      ctx.fillText(this.tickLabels.at(-1), x, y0 + 6);
     }
   }
 
