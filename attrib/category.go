@@ -23,9 +23,9 @@ import (
 //	 3  workspace frames      a function named *workspace* (cuBLAS, cuDNN)    temporaries (medium)
 //	 4  optimizer             a frame in torch/optim/ (the step wrapper,      optimizer state when made by
 //	                          adam.py...), a step() in a file named *optim*,  _init_group, or alive when its
-//	                          or made inside an Optimizer.step region         optimizer step ended, when the
-//	                                                                          next one began, across a step
-//	                                                                          or at the end; temporaries
+//	                          or made inside an Optimizer.step region, and    optimizer step ended, when the
+//	                          no forward or autograd frame (rules 5, 7)       next one began, across a step
+//	                          nearer the allocation (not a step(closure))     or at the end; temporaries
 //	                                                                          when freed before
 //	 5  autograd              the autograd engine (torch::autograd::Engine,   activations when nn.Module
 //	                          torch::autograd::generated::, AccumulateGrad),  frames are there too (recomputed);
@@ -132,6 +132,28 @@ func (f *Facts) in(p Phase) bool {
 	return false
 }
 
+// innerFirst reports whether a frame matching a lies nearer the
+// allocation (the stack is innermost first) than any frame matching b.
+func (f *Facts) innerFirst(a, b func(name, file string) bool) bool {
+	for _, fr := range f.Stack {
+		file := strings.ReplaceAll(fr.Filename, `\`, "/")
+		if a(fr.Name, file) {
+			return true
+		}
+		if b(fr.Name, file) {
+			return false
+		}
+	}
+	return false
+}
+
+// closureFrame is a frame of work an optimizer's step(closure) runs for
+// its caller (LBFGS, Lightning's automatic optimization): the forward
+// pass and the backward pass.
+func closureFrame(name, file string) bool {
+	return forwardFrame(name, file) || autogradFrame(name, file)
+}
+
 // anyFrame reports whether a frame of the stack matches.
 func (f *Facts) anyFrame(match func(name, file string) bool) bool {
 	for _, fr := range f.Stack {
@@ -233,7 +255,10 @@ func Categorize(f *Facts) Verdict {
 	if f.anyFrame(workspaceFrame) {
 		return Verdict{Temporaries, Medium, "workspace frames"}
 	}
-	if inOpt, byFrame := f.in(PhaseOptimizer), f.anyFrame(optimizerFrame); inOpt || byFrame {
+	// What a closure makes under the optimizer's step is the forward's or
+	// the backward's: rules 5 and 7 decide it.
+	inClosure := f.innerFirst(closureFrame, optimizerFrame)
+	if inOpt, byFrame := f.in(PhaseOptimizer), f.anyFrame(optimizerFrame); (inOpt || byFrame) && !inClosure {
 		init := f.anyFrame(optimizerStateFrame)
 		lasts := f.OutlivesOptimizer == Yes || f.AliveAtOptimizer == Yes || f.AcrossStep || f.NeverFreed
 		switch {

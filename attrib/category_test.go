@@ -222,3 +222,30 @@ func TestAreas(t *testing.T) {
 		}
 	}
 }
+
+// Lightning runs the forward and backward passes in a closure that
+// torch.optim's step calls, so torch/optim frames sit at the far end of
+// every activation's stack in oom_nonexpandable.json (a DiT trained with
+// Adam). What the closure makes is activations (and gradients), not
+// optimizer state: at the peak the attention activations (dit.py:125,
+// under a forward frame nearer the allocation) are activations, and the
+// optimizer state is no more than Adam's two moments of the parameters.
+func TestOptimizerClosureOnRealSnapshot(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr := importSnapshot(t, db, "oom_nonexpandable.json")[0]
+	l, err := attrib.At(db, tr.ID, attrib.Instant{BySeq: true, Seq: tr.PeakSeq})
+	if err != nil {
+		t.Fatal(err)
+	}
+	by := map[attrib.Category]uint64{}
+	for i, b := range l.Blocks {
+		by[l.Verdicts[i].Category] += b.Size
+	}
+	t.Logf("at the peak (seq %d): %v", tr.PeakSeq, by)
+	if by[attrib.Activations] < l.Bytes()/2 {
+		t.Errorf("activations %d of %d live bytes", by[attrib.Activations], l.Bytes())
+	}
+	if by[attrib.OptimizerState] > 3*by[attrib.Parameters] {
+		t.Errorf("optimizer state %d bytes for %d bytes of parameters", by[attrib.OptimizerState], by[attrib.Parameters])
+	}
+}
