@@ -98,3 +98,25 @@ func TestBrowserFollowsLiveTrace(t *testing.T) {
 }
 
 func ftoa(f float64) string { return strconvI(int64(f)) }
+
+// A live trace opened before its first event is no snapshot of one
+// state: its event list says it had none yet, and the go-to-peak button
+// stays for the peak to come.
+func TestBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
+	c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: gpu.TraceMeta{Name: "live run", Source: gpu.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(gpu.StatusComplete)
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/traces/"+c.TraceID()))
+	waitFor(t, ctx, "the event list", `document.getElementById("events")?.innerText.includes("No events")`)
+	shown := within(t, ctx, "texts", chromedp.Evaluate[map[string]string](`({
+		events: document.getElementById("events").innerText,
+		peak: String(document.getElementById("go-peak").hidden),
+	})`))
+	if !strings.Contains(shown["events"], "reload") || strings.Contains(shown["events"], "snapshot") || shown["peak"] != "false" {
+		t.Errorf("%q", shown)
+	}
+}

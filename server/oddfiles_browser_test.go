@@ -61,6 +61,7 @@ func TestBrowserStateOnlySnapshot(t *testing.T) {
 			live: document.getElementById("live-label").innerText,
 			map: document.getElementById("cursor-label").innerText,
 			window: document.getElementById("window-label").innerText,
+			peakButtons: [...document.querySelectorAll("#go-peak, #live-peak")].filter((b) => !b.hidden).map((b) => b.textContent).join(" "),
 			error: [...document.querySelectorAll("#view > .error")].filter((e) => !e.hidden).map((e) => e.innerText).join(" "),
 		})`))
 		screenshot(t, ctx, shotDir(t), "state-only-"+name)
@@ -71,6 +72,9 @@ func TestBrowserStateOnlySnapshot(t *testing.T) {
 			if strings.Contains(v, "-1") {
 				t.Errorf("%s: %s shows %q", name, k, v)
 			}
+		}
+		if shown["peakButtons"] != "" {
+			t.Errorf("%s: buttons to a peak event there is not: %q", name, shown["peakButtons"])
 		}
 		if shown["window"] != "no events" {
 			t.Errorf("%s: the timeline's window is %q", name, shown["window"])

@@ -22,7 +22,10 @@ export class EventList {
     this.spacer = el("div", { class: "vspacer" });
     this.rows = el("div", { class: "vrows", role: "listbox", "aria-label": "Events" });
     box.replaceChildren(this.spacer, this.rows);
-    if (!this.n) box.append(el("p", { class: "dim" }, "No events: the snapshot holds the allocator's state at one instant."));
+    if (!this.n) {
+      box.append(el("p", { class: "dim" }, view.noEvents ? "No events: the snapshot holds the allocator's state at one instant."
+        : "No events when the page opened: reload to list those that came since."));
+    }
     this.spacer.style.height = Math.min(this.n * ROW, MAX_PX) + "px";
     box.addEventListener("scroll", () => this.render());
     new ResizeObserver(() => this.render()).observe(box);

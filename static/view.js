@@ -34,7 +34,7 @@ const view = new PageState(root, {
 });
 view.firstSeq = Number(data.firstSeq);
 view.lastSeq = Number(data.lastSeq);
-view.noEvents = view.lastSeq < 0; // a snapshot of its state alone
+view.noEvents = view.lastSeq < 0 && data.status !== "live"; // a snapshot of its state alone
 view.t0 ??= view.fullT0;
 view.t1 ??= view.fullT1;
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
@@ -213,6 +213,8 @@ const events = new EventList(document.getElementById("events"), view);
 const live = new LivePanel(view);
 window.vramscopeLive = live; // for tests and the console
 document.getElementById("live-peak").addEventListener("click", () => document.getElementById("go-peak").click());
+// A snapshot of its state alone has no peak event to go to.
+document.getElementById("go-peak").hidden = document.getElementById("live-peak").hidden = view.noEvents;
 
 // How the timeline colours its bands; the categories' legend shows with them.
 const bandMode = document.getElementById("band-mode");
