@@ -73,6 +73,11 @@ func TestBrowserStateOnlySnapshot(t *testing.T) {
 				t.Errorf("%s: %s shows %q", name, k, v)
 			}
 		}
+		// The fragmentation's denominator is the "Cached free" row above it,
+		// as the incident page names it.
+		if !strings.Contains(shown["cursor"], "largest free / cached free") {
+			t.Errorf("%s: the cursor panel reads %q", name, shown["cursor"])
+		}
 		if shown["peakButtons"] != "" {
 			t.Errorf("%s: buttons to a peak event there is not: %q", name, shown["peakButtons"])
 		}

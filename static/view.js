@@ -138,7 +138,7 @@ function cursorPanel() {
     ["Requested", fmtBytes(f.requested_bytes)],
     ["Cached free", fmtBytes(f.cached_free_bytes)],
     ["Largest free block", fmtBytes(f.largest_free_bytes) + (f.largest_free_bytes ? " at " + fmtAddr(d.largest_free_address) : "")],
-    ["Fragmentation", (100 * f.fragmentation).toFixed(1) + " % (1 − largest free / total free)"],
+    ["Fragmentation", (100 * f.fragmentation).toFixed(1) + " % (1 − largest free / cached free)"],
     ["Segments", String(f.segments)],
     ["Blocks", String(f.blocks)],
   ]));
