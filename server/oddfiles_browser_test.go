@@ -230,3 +230,23 @@ func TestBrowserOneInstantAxis(t *testing.T) {
 		t.Errorf("ticks %q", labels)
 	}
 }
+
+// Two devices of one snapshot compared: their names differ only at the
+// end ("… (cuda:0)", "… (cuda:1)"), so both are shown whole.
+func TestBrowserCompareNamesWhole(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	devs := importSnapshot(t, db, "two_gpus_expandable_state_only.pickle")
+	srv := serve(t, db)
+	errs := pageErrors(t, ctx)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/compare/"+devs[0].ID+"/"+devs[1].ID))
+	waitFor(t, ctx, "the moments", `document.querySelectorAll("#moment-tabs .tab").length > 0`)
+	screenshot(t, ctx, shotDir(t), "compare-two-devices")
+	clipped := within(t, ctx, "names", chromedp.Evaluate[[]string](`[...document.querySelectorAll(".cmp-name")].filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent)`))
+	if len(clipped) > 0 {
+		t.Errorf("names cut off: %q", clipped)
+	}
+	if e := errs(); len(e) > 0 {
+		t.Errorf("%q", e)
+	}
+}
