@@ -118,6 +118,17 @@ func TestBrowserCompareRealSnapshots(t *testing.T) {
 		t.Errorf("swap goes to %s", href)
 	}
 	screenshot(t, ctx, dir, "compare-real-event")
+
+	// Traces without time_us are aligned by event whatever was asked; the
+	// pressed button is the alignment used, and the note says why.
+	c := uploadFile(t, f, "no_time_us_segment_churn.pickle").Traces[0].ID
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/compare/"+c+"/"+a))
+	waitFor(t, ctx, "the comparison without times", `document.getElementById("compare").dataset.ready === "1"`)
+	pressed := within(t, ctx, "pressed", chromedp.Evaluate[string](`document.querySelector('[data-align][aria-pressed="true"]').dataset.align`))
+	note := within(t, ctx, "note", chromedp.Text(`#align-note`))
+	if pressed != "event" || !strings.Contains(note, "aligned by event") {
+		t.Errorf("pressed %q, note %q", pressed, note)
+	}
 }
 
 // The run page's Compare opens the comparison of the two ranks picked.

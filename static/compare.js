@@ -86,7 +86,8 @@ function show() {
   }
   note.hidden = notes.length === 0;
   note.textContent = notes.join(" ");
-  for (const b of document.querySelectorAll("[data-align]")) b.setAttribute("aria-pressed", String(b.dataset.align === page.align));
+  // the alignment used, which the note explains when it is not the one asked
+  for (const b of document.querySelectorAll("[data-align]")) b.setAttribute("aria-pressed", String(b.dataset.align === d.align));
   document.getElementById("group").value = page.group;
   document.getElementById("axis-label").textContent = {
     time: "time since each trace's first event",
