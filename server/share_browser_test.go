@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/chromedp/chromedp"
 
@@ -64,8 +65,12 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	within(t, ctx, "window and cursor", chromedp.Evaluate[bool](fmt.Sprintf(`vramscope.setWindow(%d, %d); vramscope.setCursor(%d); true`, t0, t1, c)))
 	within(t, ctx, "map at the cursor", chromedp.Poll[bool](fmt.Sprintf(
 		`new URLSearchParams(location.search).get("c") === "%d" && vramscope.segmap.data && vramscope.segmap.data.t === %d`, c, c)))
-	// Click the largest allocated block on the map.
-	pt := within(t, ctx, "block position", chromedp.Evaluate[map[string]float64](`(() => {
+	// Click the largest allocated block on the map. The map is measured
+	// again before each try: a busy machine may lay the page out late.
+	var seq int64
+	var selected string
+	for try := 1; ; try++ {
+		pt := within(t, ctx, "block position", chromedp.Evaluate[map[string]float64](`(() => {
 		const m = vramscope.segmap, d = m.data;
 		let best = -1;
 		for (let b = 0; b < d.block_count; b++)
@@ -76,14 +81,24 @@ func TestBrowserShareAndIncident(t *testing.T) {
 		const r = m.canvas.getBoundingClientRect();
 		return {x: r.left + p.x, y: r.top + p.y, seq: d.blocks[best*6+4]};
 	})()`))
-	if pt == nil {
-		t.Fatal("no allocated block on the map at the cursor")
-	}
-	seq := int64(pt["seq"])
-	within(t, ctx, "click block", chromedp.MouseClickXY(pt["x"], pt["y"]))
-	selected := fmt.Sprintf(`new URLSearchParams(location.search).get("sel") === "%d" && new URLSearchParams(location.search).get("panel") === "selection"
+		if pt == nil {
+			t.Fatal("no allocated block on the map at the cursor")
+		}
+		seq = int64(pt["seq"])
+		within(t, ctx, "click block", chromedp.MouseClickXY(pt["x"], pt["y"]))
+		selected = fmt.Sprintf(`new URLSearchParams(location.search).get("sel") === "%d" && new URLSearchParams(location.search).get("panel") === "selection"
 		&& document.querySelector("#panel-selection h3")?.textContent === "Allocation #%d"`, seq, seq)
-	within(t, ctx, "selected", chromedp.Poll[bool](selected))
+		c, cancel := context.WithTimeout(ctx, 10*time.Second)
+		_, err := chromedp.Run(c, chromedp.Poll[bool](selected))
+		cancel()
+		if err == nil {
+			break
+		}
+		if try == 3 {
+			state := within(t, ctx, "state", chromedp.Evaluate[string](`location.search + " · " + (document.querySelector("#panel-selection h3")?.textContent ?? "no selection")`))
+			t.Fatalf("clicking allocation #%d at (%.0f, %.0f) did not select it: %s", seq, pt["x"], pt["y"], state)
+		}
+	}
 	before := queryOf(t, within(t, ctx, "location", chromedp.Location()), viewParams)
 	details := within(t, ctx, "details", chromedp.Text(`#panel-selection`))
 
