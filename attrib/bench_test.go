@@ -12,6 +12,9 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/ingest"
+	"vramscope/internal/testkit"
+	"vramscope/pytorch"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -120,4 +123,34 @@ func benchLive(b *testing.B, t gpu.Trace, categorizer func() (*attrib.Categorize
 	}
 	b.ReportMetric(float64(blocks)/float64(b.N), "blocks/op")
 	b.ReportMetric(float64(t.Events), "events")
+}
+
+// BenchmarkAreas answers /categories (the category areas over time, 400
+// samples, as the timeline asks in area mode) for the whole of a real
+// 22k-event training snapshot, categorizer cached as the server keeps it.
+func BenchmarkAreas(b *testing.B) {
+	db := testkit.OpenDB(b)
+	f, err := os.Open(testkit.Snapshot(b, "training_22k_user_metadata.pickle"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	ids, err := ingest.Snapshot(db, f, "train", pytorch.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	t, err := db.Trace(ids[0])
+	if err != nil {
+		b.Fatal(err)
+	}
+	cache := attrib.NewCache(1)
+	for b.Loop() {
+		c, err := cache.Categorizer(db, t.ID)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.Areas(t.FirstUS, t.LastUS+1, 400); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

@@ -189,20 +189,32 @@ func TestTopFrameAtGoTrainingPeak(t *testing.T) {
 }
 
 // The stacked areas by category hold, at each sampled instant, exactly the
-// live set there, sorted as at that instant.
+// live set there, sorted as at that instant: on a recorded workload, and
+// on real snapshots over the whole trace and over a window inside it.
 func TestAreas(t *testing.T) {
 	db := testkit.OpenDB(t)
 	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	checkAreas(t, db, tr, tr.FirstUS, tr.LastUS, 40)
+	for _, name := range []string{"training_22k_user_metadata.pickle", "oom_nonexpandable.json"} {
+		tr := importSnapshot(t, db, name)[0]
+		checkAreas(t, db, tr, tr.FirstUS, tr.LastUS+1, 50)
+		span := tr.LastUS - tr.FirstUS
+		checkAreas(t, db, tr, tr.FirstUS+span/3, tr.FirstUS+span/2, 30)
+	}
+}
+
+func checkAreas(t *testing.T, db *store.DB, tr gpu.Trace, t0, t1 int64, n int) {
+	t.Helper()
 	c, err := attrib.NewCategorizer(db, tr.ID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := c.Areas(tr.FirstUS, tr.LastUS, 40)
+	a, err := c.Areas(t0, t1, n)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(a.T) != 40 || len(a.Bytes) != 40 || len(a.Categories) != len(attrib.AllCategories) {
-		t.Fatalf("%d instants, %d samples, %d categories", len(a.T), len(a.Bytes), len(a.Categories))
+	if len(a.T) != n || len(a.Bytes) != n || len(a.Categories) != len(attrib.AllCategories) {
+		t.Fatalf("%s: %d instants, %d samples, %d categories", tr.Name, len(a.T), len(a.Bytes), len(a.Categories))
 	}
 	for i, at := range a.T {
 		l, err := c.At(attrib.Instant{TimeUS: at})
@@ -218,7 +230,7 @@ func TestAreas(t *testing.T) {
 			}
 		}
 		if l.Seq != a.Seq[i] || fmt.Sprint(want) != fmt.Sprint(a.Bytes[i]) {
-			t.Fatalf("instant %d (t %d): areas %v after %d, the live set %v after %d", i, at, a.Bytes[i], a.Seq[i], want, l.Seq)
+			t.Fatalf("%s: instant %d (t %d): areas %v after %d, the live set %v after %d", tr.Name, i, at, a.Bytes[i], a.Seq[i], want, l.Seq)
 		}
 	}
 }

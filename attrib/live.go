@@ -125,15 +125,20 @@ func keyOf(b *gpu.Block) blockKey {
 	return blockKey(b.Seq)
 }
 
+// layoutAt reads the layout after the events at or before a time: the
+// database's (store.DB.LayoutAt), or within a read that holds a connection
+// (store.Read.LayoutAt).
+type layoutAt func(t int64) (*gpu.Layout, int64, error)
+
 // aliveAt is the set of allocations live after the events at or before t.
-func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
+func (c *Categorizer) aliveAt(t int64, layout layoutAt) (map[blockKey]bool, error) {
 	c.mu.Lock()
 	s, ok := c.alive[t]
 	c.mu.Unlock()
 	if ok {
 		return s, nil
 	}
-	l, _, err := c.db.LayoutAt(c.trace.ID, t)
+	l, _, err := layout(t)
 	if err != nil {
 		return nil, err
 	}
@@ -157,17 +162,17 @@ func (c *Categorizer) aliveAt(t int64) (map[blockKey]bool, error) {
 // aliveThen says whether b, live at t, was still live at u (u > t reads
 // the layout there; u <= t is known: a block live at t and made before u
 // was live at u).
-func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64) (bool, error) {
+func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64, layout layoutAt) (bool, error) {
 	if u <= t {
 		return b.AllocUS < u, nil
 	}
-	s, err := c.aliveAt(u)
+	s, err := c.aliveAt(u, layout)
 	return s[keyOf(&b.Block)], err
 }
 
 // Verdicts sorts the blocks of a live set of this trace.
 func (c *Categorizer) Verdicts(ls *store.LiveSet) ([]Verdict, error) {
-	return c.verdicts(ls, nil)
+	return c.verdicts(ls, nil, func(t int64) (*gpu.Layout, int64, error) { return c.db.LayoutAt(c.trace.ID, t) })
 }
 
 // memoKey names an allocation and whether it was on a side stream, the one
@@ -178,7 +183,7 @@ type memoKey struct {
 }
 
 // verdicts sorts the blocks of ls, reusing and filling memo when given.
-func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict) ([]Verdict, error) {
+func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, layout layoutAt) ([]Verdict, error) {
 	main := mainStream(ls)
 	t := ls.TimeUS
 	out := make([]Verdict, len(ls.Blocks))
@@ -189,7 +194,7 @@ func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict) ([]V
 			out[i] = v
 			continue
 		}
-		f, err := c.facts(b, t, main)
+		f, err := c.facts(b, t, main, layout)
 		if err != nil {
 			return nil, err
 		}
@@ -221,29 +226,62 @@ func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
 		index[cat] = i
 	}
 	memo := map[memoKey]Verdict{}
+	stacks := map[gpu.StackID]gpu.Stack{} // read once for every sample
 	last := int64(-2)
-	for i := 0; i < n; i++ {
-		t := t0 + int64((float64(i)+0.5)*float64(t1-t0)/float64(n))
-		ls, err := c.db.LiveAt(c.trace.ID, t)
-		if err != nil {
-			return nil, err
-		}
+	ts := make([]int64, n)
+	for i := range ts {
+		ts[i] = t0 + int64((float64(i)+0.5)*float64(t1-t0)/float64(n))
+	}
+	err := c.db.LiveAtEach(c.trace.ID, ts, func(ls *store.LiveSet, rd store.Read) error {
 		sums := make([]uint64, len(AllCategories))
 		if ls.Seq == last && len(out.Bytes) > 0 {
 			copy(sums, out.Bytes[len(out.Bytes)-1]) // no event since the last sample
 		} else {
-			vs, err := c.verdicts(ls, memo)
+			ls.Stacks = stacks
+			if err := describeFresh(ls, memo, rd); err != nil {
+				return err
+			}
+			vs, err := c.verdicts(ls, memo, rd.LayoutAt)
 			if err != nil {
-				return nil, err
+				return err
 			}
 			for j, v := range vs {
 				sums[index[v.Category]] += ls.Blocks[j].Size
 			}
 		}
 		last = ls.Seq
-		out.T, out.Seq, out.Bytes = append(out.T, t), append(out.Seq, ls.Seq), append(out.Bytes, sums)
+		out.T, out.Seq, out.Bytes = append(out.T, ts[len(out.T)]), append(out.Seq, ls.Seq), append(out.Bytes, sums)
+		return nil
+	})
+	return out, err
+}
+
+// describeFresh describes the blocks of ls that memo has no verdict for,
+// adding to ls.Stacks the stacks it lacks: most blocks live at one sample
+// are live at the next, and many of the others share stacks with them;
+// reading them again would be most of the work.
+func describeFresh(ls *store.LiveSet, memo map[memoKey]Verdict, rd store.Read) error {
+	main := mainStream(ls)
+	var fresh []int
+	for i := range ls.Blocks {
+		if _, ok := memo[memoKey{keyOf(&ls.Blocks[i].Block), ls.Blocks[i].Stream != main}]; !ok {
+			fresh = append(fresh, i)
+		}
 	}
-	return out, nil
+	if len(fresh) == 0 {
+		return nil
+	}
+	part := &store.LiveSet{Trace: ls.Trace, Seq: ls.Seq, TimeUS: ls.TimeUS, Stacks: ls.Stacks, Blocks: make([]store.LiveBlock, len(fresh))}
+	for j, i := range fresh {
+		part.Blocks[j] = ls.Blocks[i]
+	}
+	if err := rd.Describe(part); err != nil {
+		return err
+	}
+	for j, i := range fresh {
+		ls.Blocks[i] = part.Blocks[j]
+	}
+	return nil
 }
 
 // mainStream is the stream holding most live bytes.
@@ -261,9 +299,9 @@ func mainStream(ls *store.LiveSet) int64 {
 }
 
 // facts gathers what the rules ask of block b, live at time t.
-func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
+func (c *Categorizer) facts(b *store.LiveBlock, t, main int64, layout layoutAt) (*Facts, error) {
 	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
-	end, err := c.aliveAt(c.trace.LastUS)
+	end, err := c.aliveAt(c.trace.LastUS, layout)
 	if err != nil {
 		return nil, err
 	}
@@ -280,7 +318,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
 		f.BeforeFirstStep = made < c.steps[0]
 		// The first step to start after it was made.
 		if i := sort.Search(len(c.steps), func(i int) bool { return c.steps[i] > made }); i < len(c.steps) {
-			alive, err := c.aliveThen(b, t, c.steps[i])
+			alive, err := c.aliveThen(b, t, c.steps[i], layout)
 			if err != nil {
 				return nil, err
 			}
@@ -290,7 +328,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
 	opt := c.optimizer
 	i := sort.Search(len(opt), func(i int) bool { return opt[i].StartUS > made })
 	if i < len(opt) {
-		alive, err := c.aliveThen(b, t, opt[i].StartUS)
+		alive, err := c.aliveThen(b, t, opt[i].StartUS, layout)
 		if err != nil {
 			return nil, err
 		}
@@ -298,7 +336,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64) (*Facts, error) {
 	}
 	// The optimizer step it was made in: the last to start at or before it.
 	if i > 0 && made < opt[i-1].EndUS {
-		alive, err := c.aliveThen(b, t, opt[i-1].EndUS)
+		alive, err := c.aliveThen(b, t, opt[i-1].EndUS, layout)
 		if err != nil {
 			return nil, err
 		}

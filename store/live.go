@@ -75,18 +75,33 @@ func (db *DB) LiveAtSeq(id string, seq int64) (*LiveSet, error) {
 // chunks that hold their alloc events, their stacks and their extras: the
 // cost follows the live set, not the trace's length.
 func (r *reader) liveAtSeq(seq int64) (*LiveSet, error) {
-	var l *gpu.Layout
-	var last int64
-	var err error
-	if seq < 0 {
-		l, err = r.checkpoint(initialSeq)
-		last = -1
-	} else {
-		l, last, err = r.layoutAtSeq(seq)
-	}
+	l, last, err := r.layoutOrInitial(seq)
 	if err != nil {
 		return nil, err
 	}
+	out := r.liveBlocks(l, last)
+	if last >= 0 {
+		times, err := r.timesOf([]int64{last})
+		if err != nil {
+			return nil, err
+		}
+		out.TimeUS = times[last]
+	}
+	return out, r.describe(out)
+}
+
+// layoutOrInitial is layoutAtSeq, or for seq -1 the layout before the trace.
+func (r *reader) layoutOrInitial(seq int64) (*gpu.Layout, int64, error) {
+	if seq < 0 {
+		l, err := r.checkpoint(initialSeq)
+		return l, -1, err
+	}
+	return r.layoutAtSeq(seq)
+}
+
+// liveBlocks is the live set of layout l, right after event last, its
+// blocks not yet described and its time the trace's first.
+func (r *reader) liveBlocks(l *gpu.Layout, last int64) *LiveSet {
 	out := &LiveSet{Trace: r.trace.ID, Seq: last, TimeUS: r.trace.FirstUS, Stacks: map[gpu.StackID]gpu.Stack{}}
 	for i := range l.Segments {
 		s := &l.Segments[i]
@@ -96,14 +111,73 @@ func (r *reader) liveAtSeq(seq int64) (*LiveSet, error) {
 			}
 		}
 	}
+	return out
+}
+
+// LiveAtEach calls fn with the live set at each time of ts, which must
+// not decrease, as LiveAt gives it but with its blocks not described
+// (AllocUS, Stacks, UserMetadata): the layout is read at the first time and
+// carried forward through the events between, each read once, instead of
+// from a checkpoint at every time. fn reads more through rd (Describe the
+// blocks it does not know yet), not through db: the read holds one of
+// db's connections.
+func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) error) error {
+	if len(ts) == 0 {
+		return nil
+	}
+	r, err := db.begin(id)
+	if err != nil {
+		return err
+	}
+	defer r.close()
+	seq, _, _, err := r.stateAt(ts[0], true)
+	if err != nil {
+		return err
+	}
+	l, last, err := r.layoutOrInitial(seq)
+	if err != nil {
+		return err
+	}
+	lastUS := r.trace.FirstUS
 	if last >= 0 {
 		times, err := r.timesOf([]int64{last})
 		if err != nil {
-			return nil, err
+			return err
 		}
-		out.TimeUS = times[last]
+		lastUS = times[last]
 	}
-	return out, r.describe(out)
+	i := 0
+	emit := func() error {
+		if i > 0 && ts[i] < ts[i-1] {
+			return fmt.Errorf("store: live sets at times that decrease (%d after %d)", ts[i], ts[i-1])
+		}
+		ls := r.liveBlocks(l, last)
+		ls.TimeUS = lastUS
+		i++
+		return fn(ls, Read{r})
+	}
+	var stop error
+	err = r.events(last+1, r.trace.LastSeq+1, func(e *gpu.Event) bool {
+		for i < len(ts) && e.TimeUS > ts[i] && stop == nil {
+			stop = emit()
+		}
+		if i == len(ts) || stop != nil {
+			return false
+		}
+		if err := l.Apply(*e); err != nil {
+			stop = fmt.Errorf("trace %s: layout at seq %d: %w", r.trace.ID, e.Seq, err)
+			return false
+		}
+		last, lastUS = e.Seq, e.TimeUS
+		return true
+	})
+	for err == nil && stop == nil && i < len(ts) {
+		stop = emit()
+	}
+	if err == nil {
+		err = stop
+	}
+	return err
 }
 
 // NoInstant is LiveSet.TimeUS of allocations gathered from several

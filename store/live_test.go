@@ -1,6 +1,7 @@
 package store
 
 import (
+	"fmt"
 	"testing"
 
 	"vramscope/gpu"
@@ -79,6 +80,48 @@ func TestLiveSet(t *testing.T) {
 	}
 	if _, err := db.LiveAt("nope", 0); err == nil {
 		t.Error("an unknown trace gave a live set")
+	}
+}
+
+// LiveAtEach gives at each time the live set LiveAt gives, described by
+// Read.Describe as LiveAt describes it: from before the trace to after its
+// end, over chunk and checkpoint boundaries, with times repeated; times
+// that decrease are refused.
+func TestLiveAtEach(t *testing.T) {
+	db, _ := openTemp(t)
+	g := newGen(5, 300)
+	g.stacks = 5
+	evs := g.events(3*checkpointEvery + 100)
+	w := writeTrace(t, db, nil, evs, 5)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
+	ts := []int64{first - 10, first, first}
+	for i := 1; i <= 60; i++ {
+		ts = append(ts, first+(last-first)*int64(i)/61)
+	}
+	ts = append(ts, last, last+10)
+	i := 0
+	err := db.LiveAtEach(w.ID(), ts, func(ls *LiveSet, rd Read) error {
+		if err := rd.Describe(ls); err != nil {
+			return err
+		}
+		want, err := db.LiveAt(w.ID(), ts[i])
+		if err != nil {
+			return err
+		}
+		if fmt.Sprint(ls) != fmt.Sprint(want) {
+			t.Fatalf("at %d (time %d): %+v\nwant %+v", i, ts[i], ls, want)
+		}
+		i++
+		return nil
+	})
+	if err != nil || i != len(ts) {
+		t.Fatalf("%d live sets of %d: %v", i, len(ts), err)
+	}
+	if err := db.LiveAtEach(w.ID(), []int64{last, first}, func(*LiveSet, Read) error { return nil }); err == nil {
+		t.Error("times that decrease were taken")
 	}
 }
 

@@ -566,16 +566,25 @@ func (db *DB) LayoutAt(id string, t int64) (*gpu.Layout, int64, error) {
 		return nil, 0, err
 	}
 	defer r.close()
-	seq, _, _, err := r.stateAt(t, true)
+	return Read{r}.LayoutAt(t)
+}
+
+// Read is one read of a trace, as consistent as a transaction, handed to
+// a function that reads it further while it lasts (LiveAtEach).
+type Read struct{ r *reader }
+
+// LayoutAt is DB.LayoutAt within the read.
+func (rd Read) LayoutAt(t int64) (*gpu.Layout, int64, error) {
+	seq, _, _, err := rd.r.stateAt(t, true)
 	if err != nil {
 		return nil, 0, err
 	}
-	if seq < 0 {
-		l, err := r.checkpoint(initialSeq)
-		return l, -1, err
-	}
-	return r.layoutAtSeq(seq)
+	return rd.r.layoutOrInitial(seq)
 }
+
+// Describe fills in the alloc times, stacks and user_metadata of the
+// blocks of ls: a live set of LiveAtEach, or a part of one.
+func (rd Read) Describe(ls *LiveSet) error { return rd.r.describe(ls) }
 
 // Range is the least and greatest value in a bucket.
 type Range struct {
