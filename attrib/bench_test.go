@@ -126,23 +126,35 @@ func benchLive(b *testing.B, t gpu.Trace, categorizer func() (*attrib.Categorize
 }
 
 // BenchmarkAreas answers /categories (the category areas over time, 400
-// samples, as the timeline asks in area mode) for the whole of a real
-// 22k-event training snapshot, categorizer cached as the server keeps it.
+// instants, as the timeline asks in area mode) for the whole of a real
+// 22k-event training snapshot and of the 10M-event training trace, the
+// categorizer cached as the server keeps it.
 func BenchmarkAreas(b *testing.B) {
-	db := testkit.OpenDB(b)
-	f, err := os.Open(testkit.Snapshot(b, "training_22k_user_metadata.pickle"))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer f.Close()
-	ids, err := ingest.Snapshot(db, f, "train", pytorch.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	t, err := db.Trace(ids[0])
-	if err != nil {
-		b.Fatal(err)
-	}
+	b.Run("real22k", func(b *testing.B) {
+		db := testkit.OpenDB(b)
+		f, err := os.Open(testkit.Snapshot(b, "training_22k_user_metadata.pickle"))
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer f.Close()
+		ids, err := ingest.Snapshot(db, f, "train", pytorch.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		t, err := db.Trace(ids[0])
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchAreas(b, db, t)
+	})
+	b.Run("train10M", func(b *testing.B) {
+		db, t := trainingDB(b, 10_000_000)
+		defer db.Close()
+		benchAreas(b, db, t)
+	})
+}
+
+func benchAreas(b *testing.B, db *store.DB, t gpu.Trace) {
 	cache := attrib.NewCache(1)
 	for b.Loop() {
 		c, err := cache.Categorizer(db, t.ID)

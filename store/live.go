@@ -4,6 +4,7 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 
 	"vramscope/gpu"
@@ -116,11 +117,12 @@ func (r *reader) liveBlocks(l *gpu.Layout, last int64) *LiveSet {
 
 // LiveAtEach calls fn with the live set at each time of ts, which must
 // not decrease, as LiveAt gives it but with its blocks not described
-// (AllocUS, Stacks, UserMetadata): the layout is read at the first time and
-// carried forward through the events between, each read once, instead of
-// from a checkpoint at every time. fn reads more through rd (Describe the
-// blocks it does not know yet), not through db: the read holds one of
-// db's connections.
+// (AllocUS, Stacks, UserMetadata). The layout is carried forward through
+// the events, each read once, from one time to the next; where the next
+// time lies past a checkpoint beyond the one the walk reaches, it is read
+// from that checkpoint instead, so far times cost no more than LiveAt. fn
+// reads more through rd (Describe the blocks it does not know yet), not
+// through db: the read holds one of db's connections.
 func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) error) error {
 	if len(ts) == 0 {
 		return nil
@@ -130,21 +132,32 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 		return err
 	}
 	defer r.close()
-	seq, _, _, err := r.stateAt(ts[0], true)
+	checkpoints, err := r.checkpointSeqs()
 	if err != nil {
 		return err
 	}
-	l, last, err := r.layoutOrInitial(seq)
-	if err != nil {
-		return err
-	}
-	lastUS := r.trace.FirstUS
-	if last >= 0 {
-		times, err := r.timesOf([]int64{last})
+	var l *gpu.Layout
+	var last, lastUS int64
+	jump := func(t int64) error { // to the layout at t, from its checkpoint
+		seq, _, _, err := r.stateAt(t, true)
+		if err == nil {
+			l, last, err = r.layoutOrInitial(seq)
+		}
 		if err != nil {
 			return err
 		}
-		lastUS = times[last]
+		lastUS = r.trace.FirstUS
+		if last >= 0 {
+			times, err := r.timesOf([]int64{last})
+			if err != nil {
+				return err
+			}
+			lastUS = times[last]
+		}
+		return nil
+	}
+	if err := jump(ts[0]); err != nil {
+		return err
 	}
 	i := 0
 	emit := func() error {
@@ -156,28 +169,72 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 		i++
 		return fn(ls, Read{r})
 	}
-	var stop error
-	err = r.events(last+1, r.trace.LastSeq+1, func(e *gpu.Event) bool {
-		for i < len(ts) && e.TimeUS > ts[i] && stop == nil {
-			stop = emit()
+	passed := int64(-1) // the checkpoint last weighed
+	for i < len(ts) {
+		var stop error
+		paused := false
+		err := r.events(last+1, r.trace.LastSeq+1, func(e *gpu.Event) bool {
+			for i < len(ts) && e.TimeUS > ts[i] && stop == nil {
+				stop = emit()
+			}
+			if i == len(ts) || stop != nil {
+				return false
+			}
+			if _, at := slices.BinarySearch(checkpoints, e.Seq); at && e.Seq > passed {
+				paused = true // weigh walking on against a later checkpoint
+				return false
+			}
+			if err := l.Apply(*e); err != nil {
+				stop = fmt.Errorf("trace %s: layout at seq %d: %w", r.trace.ID, e.Seq, err)
+				return false
+			}
+			last, lastUS = e.Seq, e.TimeUS
+			return true
+		})
+		if err == nil {
+			err = stop
 		}
-		if i == len(ts) || stop != nil {
-			return false
+		if err != nil {
+			return err
 		}
-		if err := l.Apply(*e); err != nil {
-			stop = fmt.Errorf("trace %s: layout at seq %d: %w", r.trace.ID, e.Seq, err)
-			return false
+		if !paused {
+			break // the trace's end
 		}
-		last, lastUS = e.Seq, e.TimeUS
-		return true
-	})
-	for err == nil && stop == nil && i < len(ts) {
-		stop = emit()
+		passed = last + 1
+		seq, _, _, err := r.stateAt(ts[i], true)
+		if err != nil {
+			return err
+		}
+		if k := sort.Search(len(checkpoints), func(k int) bool { return checkpoints[k] > seq }); k > 0 && checkpoints[k-1] > passed {
+			if err := jump(ts[i]); err != nil {
+				return err
+			}
+		}
 	}
-	if err == nil {
-		err = stop
+	for i < len(ts) {
+		if err := emit(); err != nil {
+			return err
+		}
 	}
-	return err
+	return nil
+}
+
+// checkpointSeqs lists the events after which a layout is checkpointed.
+func (r *reader) checkpointSeqs() ([]int64, error) {
+	rows, err := r.tx.Query("SELECT seq FROM checkpoints WHERE tid = ? AND seq >= 0 ORDER BY seq", r.tid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []int64
+	for rows.Next() {
+		var seq int64
+		if err := rows.Scan(&seq); err != nil {
+			return nil, err
+		}
+		out = append(out, seq)
+	}
+	return out, rows.Err()
 }
 
 // NoInstant is LiveSet.TimeUS of allocations gathered from several

@@ -97,28 +97,31 @@ func TestLiveAtEach(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
-	ts := []int64{first - 10, first, first}
-	for i := 1; i <= 60; i++ {
-		ts = append(ts, first+(last-first)*int64(i)/61)
-	}
-	ts = append(ts, last, last+10)
-	i := 0
-	err := db.LiveAtEach(w.ID(), ts, func(ls *LiveSet, rd Read) error {
-		if err := rd.Describe(ls); err != nil {
-			return err
+	// close times (walked) and far ones (read from a checkpoint)
+	for _, n := range []int64{61, 1} {
+		ts := []int64{first - 10, first, first}
+		for i := int64(1); i < n; i++ {
+			ts = append(ts, first+(last-first)*i/n)
 		}
-		want, err := db.LiveAt(w.ID(), ts[i])
-		if err != nil {
-			return err
+		ts = append(ts, last, last+10)
+		i := 0
+		err := db.LiveAtEach(w.ID(), ts, func(ls *LiveSet, rd Read) error {
+			if err := rd.Describe(ls); err != nil {
+				return err
+			}
+			want, err := db.LiveAt(w.ID(), ts[i])
+			if err != nil {
+				return err
+			}
+			if fmt.Sprint(ls) != fmt.Sprint(want) {
+				t.Fatalf("%d times: at %d (time %d): %+v\nwant %+v", len(ts), i, ts[i], ls, want)
+			}
+			i++
+			return nil
+		})
+		if err != nil || i != len(ts) {
+			t.Fatalf("%d live sets of %d: %v", i, len(ts), err)
 		}
-		if fmt.Sprint(ls) != fmt.Sprint(want) {
-			t.Fatalf("at %d (time %d): %+v\nwant %+v", i, ts[i], ls, want)
-		}
-		i++
-		return nil
-	})
-	if err != nil || i != len(ts) {
-		t.Fatalf("%d live sets of %d: %v", i, len(ts), err)
 	}
 	if err := db.LiveAtEach(w.ID(), []int64{last, first}, func(*LiveSet, Read) error { return nil }); err == nil {
 		t.Error("times that decrease were taken")
