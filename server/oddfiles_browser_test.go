@@ -242,6 +242,21 @@ func TestBrowserCompareNamesWhole(t *testing.T) {
 	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/compare/"+devs[0].ID+"/"+devs[1].ID))
 	waitFor(t, ctx, "the moments", `document.querySelectorAll("#moment-tabs .tab").length > 0`)
 	screenshot(t, ctx, shotDir(t), "compare-two-devices")
+	// Snapshots of no events hold one state each: both are drawn across
+	// the plot, each in its colour.
+	drawn := within(t, ctx, "pixels of A and B", chromedp.Evaluate[[]int](`(() => {
+		const c = document.getElementById("cmp-timeline"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+		const st = getComputedStyle(document.documentElement);
+		return ["--reserved", "--allocated"].map((v) => {
+			const p = /^#(..)(..)(..)$/.exec(st.getPropertyValue(v).trim()).slice(1).map((h) => parseInt(h, 16));
+			let n = 0;
+			for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-p[0]) + Math.abs(d[i+1]-p[1]) + Math.abs(d[i+2]-p[2]) < 40) n++;
+			return n;
+		});
+	})()`))
+	if drawn[0] < 500 || drawn[1] < 500 {
+		t.Errorf("pixels of A's and B's colours: %v", drawn)
+	}
 	clipped := within(t, ctx, "names", chromedp.Evaluate[[]string](`[...document.querySelectorAll(".cmp-name")].filter((e) => e.scrollWidth > e.clientWidth + 1).map((e) => e.textContent)`))
 	if len(clipped) > 0 {
 		t.Errorf("names cut off: %q", clipped)

@@ -216,10 +216,12 @@ function draw() {
   }
 
   // Each trace: allocated as a band from least to greatest per column,
-  // reserved dashed; drawn only where the trace has events.
+  // reserved dashed; drawn only where the trace has events, or across the
+  // plot for a snapshot of none (its one state).
   const sides = [[tl.a, d.a, pal.reserved], [tl.b, d.b, pal.allocated]];
   for (const [u, s, colour] of sides) {
-    const c0 = Math.max(0, Math.floor((xOf(s.range[0]) - LEFT) / colW)), c1 = Math.min(tl.n - 1, Math.floor((xOf(s.range[1]) - LEFT) / colW));
+    let c0 = Math.max(0, Math.floor((xOf(s.range[0]) - LEFT) / colW)), c1 = Math.min(tl.n - 1, Math.floor((xOf(s.range[1]) - LEFT) / colW));
+    if (s.events === 0) [c0, c1] = [0, tl.n - 1];
     if (c1 < c0) continue;
     ctx.save();
     ctx.beginPath();
