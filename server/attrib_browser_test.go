@@ -18,17 +18,6 @@ func choose(t *testing.T, ctx context.Context, sel, value string) {
 		s.value = %q; s.dispatchEvent(new Event("change")); return true; })()`, sel, value)))
 }
 
-// hlInkJS counts the pixels of a canvas in the highlight colour (--hl).
-const hlInkJS = `((id) => {
-	const c = document.getElementById(id);
-	const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
-	const m = /^#(..)(..)(..)$/.exec(getComputedStyle(document.documentElement).getPropertyValue("--hl").trim());
-	const h = m.slice(1).map(x => parseInt(x, 16));
-	let n = 0;
-	for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-h[0]) + Math.abs(d[i+1]-h[1]) + Math.abs(d[i+2]-h[2]) < 40) n++;
-	return n;
-})`
-
 // On a real training snapshot: a click on "Peak" shows the live memory at
 // the peak as a flame graph and a table, topped by the attention's
 // softmax; a click on that frame in the graph highlights its 24
@@ -65,7 +54,7 @@ func TestBrowserLiveMemory(t *testing.T) {
 	})()`))
 	within(t, ctx, "click the frame", chromedp.MouseClickXY(at["x"], at["y"]))
 	within(t, ctx, "its allocations highlighted", chromedp.Poll[bool](`vramscope.highlight && vramscope.highlight.seqs.size === 24`))
-	within(t, ctx, "drawn", chromedp.Poll[bool](hlInkJS+`("timeline") > 200 && `+hlInkJS+`("segmap") > 200`))
+	within(t, ctx, "drawn", chromedp.Poll[bool](colourInkJS+`("timeline", "--hl", 40) > 200 && `+colourInkJS+`("segmap", "--hl", 40) > 200`))
 	bands := within(t, ctx, "highlighted bands", chromedp.Evaluate[int](`vramscope.timeline.bands.bands.filter(b => vramscope.highlighted(b.seq, b.address)).length`))
 	if bands == 0 {
 		t.Error("no band of the picked frame's allocations is highlighted")

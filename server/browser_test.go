@@ -136,6 +136,17 @@ const inkJS = `((id, x0, y0, x1, y1) => {
 	return n / (d.length / 4);
 })`
 
+// colourInkJS counts the pixels of a canvas within tol (the sum of the
+// channels' differences) of a colour of the page's CSS (a --variable).
+const colourInkJS = `((id, colour, tol) => {
+	const c = document.getElementById(id), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+	const m = /^#(..)(..)(..)$/.exec(getComputedStyle(document.documentElement).getPropertyValue(colour).trim());
+	const h = m.slice(1).map(x => parseInt(x, 16));
+	let n = 0;
+	for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-h[0]) + Math.abs(d[i+1]-h[1]) + Math.abs(d[i+2]-h[2]) < tol) n++;
+	return n;
+})`
+
 func TestBrowserTraceView(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})

@@ -244,16 +244,7 @@ func TestBrowserCompareNamesWhole(t *testing.T) {
 	screenshot(t, ctx, shotDir(t), "compare-two-devices")
 	// Snapshots of no events hold one state each: both are drawn across
 	// the plot, each in its colour.
-	drawn := within(t, ctx, "pixels of A and B", chromedp.Evaluate[[]int](`(() => {
-		const c = document.getElementById("cmp-timeline"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
-		const st = getComputedStyle(document.documentElement);
-		return ["--reserved", "--allocated"].map((v) => {
-			const p = /^#(..)(..)(..)$/.exec(st.getPropertyValue(v).trim()).slice(1).map((h) => parseInt(h, 16));
-			let n = 0;
-			for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-p[0]) + Math.abs(d[i+1]-p[1]) + Math.abs(d[i+2]-p[2]) < 40) n++;
-			return n;
-		});
-	})()`))
+	drawn := within(t, ctx, "pixels of A and B", chromedp.Evaluate[[]int](`[`+colourInkJS+`("cmp-timeline", "--reserved", 40), `+colourInkJS+`("cmp-timeline", "--allocated", 40)]`))
 	if drawn[0] < 500 || drawn[1] < 500 {
 		t.Errorf("pixels of A's and B's colours: %v", drawn)
 	}

@@ -136,14 +136,7 @@ func TestBrowserShareAndIncident(t *testing.T) {
 		t.Fatalf("facts %q", facts)
 	}
 	// The pinning blocks are drawn in their own colour on the map.
-	pinned := within(t, ctx, "pin pixels", chromedp.Evaluate[int](`(() => {
-		const c = document.getElementById("segmap"), d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
-		const hex = getComputedStyle(document.documentElement).getPropertyValue("--pin").trim();
-		const p = /^#(..)(..)(..)$/.exec(hex).slice(1).map(h => parseInt(h, 16));
-		let n = 0;
-		for (let i = 0; i < d.length; i += 4) if (Math.abs(d[i]-p[0]) + Math.abs(d[i+1]-p[1]) + Math.abs(d[i+2]-p[2]) < 6) n++;
-		return n;
-	})()`))
+	pinned := within(t, ctx, "pin pixels", chromedp.Evaluate[int](colourInkJS+`("segmap", "--pin", 6)`))
 	if pinned < 200 {
 		t.Fatalf("%d pixels of the pinning colour on the map", pinned)
 	}
