@@ -135,6 +135,9 @@ type AheadReader struct {
 // aheadChunks and aheadChunk bound what is read ahead (4 MiB).
 const aheadChunks, aheadChunk = 64, 64 << 10
 
+// stopGrace is how long Stop waits for the reading ahead to end by itself.
+const stopGrace = time.Second
+
 func ReadAhead(ctx context.Context, r io.Reader) *AheadReader {
 	ctx, cancel := context.WithCancel(ctx)
 	a := &AheadReader{chunks: make(chan []byte, aheadChunks), cancel: cancel, done: make(chan struct{})}
@@ -178,12 +181,18 @@ func (a *AheadReader) Read(p []byte) (int, error) {
 // once the handler returns: a read still waiting on the client is cut
 // short through the connection's read deadline, which stays past, so the
 // server drops the connection rather than read the rest of the body.
+//
+// The deadline is a last resort, after stopGrace: once a body has ended
+// the server reads the connection itself, and a deadline then would end
+// the context of every later request on the connection (each would look
+// abandoned by its client). A reader that is not waiting on the client
+// (it has read the end, or has a chunk nobody takes) ends at once.
 func (a *AheadReader) Stop(rc *http.ResponseController) {
 	a.cancel()
 	select {
 	case <-a.done:
 		return
-	default:
+	case <-time.After(stopGrace):
 	}
 	rc.SetReadDeadline(time.Now())
 	for range a.chunks {
