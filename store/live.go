@@ -76,18 +76,11 @@ func (db *DB) LiveAtSeq(id string, seq int64) (*LiveSet, error) {
 // chunks that hold their alloc events, their stacks and their extras: the
 // cost follows the live set, not the trace's length.
 func (r *reader) liveAtSeq(seq int64) (*LiveSet, error) {
-	l, last, err := r.layoutOrInitial(seq)
+	l, last, us, err := r.layoutTimed(seq)
 	if err != nil {
 		return nil, err
 	}
-	out := r.liveBlocks(l, last)
-	if last >= 0 {
-		times, err := r.timesOf([]int64{last})
-		if err != nil {
-			return nil, err
-		}
-		out.TimeUS = times[last]
-	}
+	out := r.liveBlocks(l, last, us)
 	return out, r.describe(out)
 }
 
@@ -100,10 +93,20 @@ func (r *reader) layoutOrInitial(seq int64) (*gpu.Layout, int64, error) {
 	return r.layoutAtSeq(seq)
 }
 
-// liveBlocks is the live set of layout l, right after event last, its
-// blocks not yet described and its time the trace's first.
-func (r *reader) liveBlocks(l *gpu.Layout, last int64) *LiveSet {
-	out := &LiveSet{Trace: r.trace.ID, Seq: last, TimeUS: r.trace.FirstUS, Stacks: map[gpu.StackID]gpu.Stack{}}
+// layoutTimed is layoutOrInitial and the time of its last event (the
+// trace's first time when there is none).
+func (r *reader) layoutTimed(seq int64) (l *gpu.Layout, last, us int64, err error) {
+	if l, last, err = r.layoutOrInitial(seq); err != nil || last < 0 {
+		return l, last, r.trace.FirstUS, err
+	}
+	times, err := r.timesOf([]int64{last})
+	return l, last, times[last], err
+}
+
+// liveBlocks is the live set of layout l, right after event last (at
+// time us), its blocks not yet described.
+func (r *reader) liveBlocks(l *gpu.Layout, last, us int64) *LiveSet {
+	out := &LiveSet{Trace: r.trace.ID, Seq: last, TimeUS: us, Stacks: map[gpu.StackID]gpu.Stack{}}
 	for i := range l.Segments {
 		s := &l.Segments[i]
 		for _, b := range s.Blocks {
@@ -141,20 +144,9 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 	jump := func(t int64) error { // to the layout at t, from its checkpoint
 		seq, _, _, err := r.stateAt(t, true)
 		if err == nil {
-			l, last, err = r.layoutOrInitial(seq)
+			l, last, lastUS, err = r.layoutTimed(seq)
 		}
-		if err != nil {
-			return err
-		}
-		lastUS = r.trace.FirstUS
-		if last >= 0 {
-			times, err := r.timesOf([]int64{last})
-			if err != nil {
-				return err
-			}
-			lastUS = times[last]
-		}
-		return nil
+		return err
 	}
 	if err := jump(ts[0]); err != nil {
 		return err
@@ -164,8 +156,7 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 		if i > 0 && ts[i] < ts[i-1] {
 			return fmt.Errorf("store: live sets at times that decrease (%d after %d)", ts[i], ts[i-1])
 		}
-		ls := r.liveBlocks(l, last)
-		ls.TimeUS = lastUS
+		ls := r.liveBlocks(l, last, lastUS)
 		i++
 		return fn(ls, Read{r})
 	}
