@@ -217,8 +217,9 @@ type Areas struct {
 
 // Areas samples the live set at n instants spread over [t0, t1] (the
 // middles of n equal parts) and sums each category's bytes: the timeline's
-// stacked areas. Each sample costs a live set; an allocation seen at
-// several is sorted once.
+// stacked areas. The live sets come from one walk through the events
+// (store.DB.LiveAtEach); an allocation seen at several instants is
+// described and sorted once.
 func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
 	out := &Areas{Categories: AllCategories}
 	index := map[Category]int{}
