@@ -174,7 +174,8 @@ type Result struct {
 	A Side `json:"a"`
 	B Side `json:"b"`
 	// Align is the alignment used; Asked the one asked for, and Note why
-	// they differ (a trace without steps is aligned by time).
+	// they differ (a trace without steps is aligned by time, one without
+	// times by event).
 	Align    Align           `json:"align"`
 	Asked    Align           `json:"align_asked"`
 	Note     string          `json:"align_note,omitempty"`
