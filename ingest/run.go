@@ -189,10 +189,7 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 					fail(err)
 					return
 				}
-				rank, ok := f.Rank, f.Rank >= 0
-				if !ok {
-					rank, _, ok = RankOfName(f.Name)
-				}
+				rank, ok := f.knownRank()
 				if !ok {
 					rank, ok = RankOfMetadata(userMetadata(traces))
 				}
@@ -292,14 +289,21 @@ func fileError(name string, err error) error {
 	return fmt.Errorf("%s: %w", name, err)
 }
 
+// knownRank is the file's rank as known before decoding it: given, or in
+// its name.
+func (f RunFile) knownRank() (int, bool) {
+	if f.Rank >= 0 {
+		return f.Rank, true
+	}
+	rank, _, ok := RankOfName(f.Name)
+	return rank, ok
+}
+
 // claimRank refuses a file whose rank, given or in its name, an earlier
 // file of the run already has, before either is decoded: the run would be
 // refused once they were.
 func claimRank(named map[int]string, f RunFile) error {
-	rank, ok := f.Rank, f.Rank >= 0
-	if !ok {
-		rank, _, ok = RankOfName(f.Name)
-	}
+	rank, ok := f.knownRank()
 	if !ok {
 		return nil
 	}
