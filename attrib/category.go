@@ -112,6 +112,8 @@ type Facts struct {
 	// alive when that step ended. Unsure when the trace does not tell.
 	AliveAtOptimizer  Tri
 	OutlivesOptimizer Tri
+
+	signs frameSigns // what the frame rules find in Stack, once read
 }
 
 // Tri is yes, no, or the trace does not tell.
@@ -132,36 +134,65 @@ func (f *Facts) in(p Phase) bool {
 	return false
 }
 
-// innerFirst reports whether a frame matching a lies nearer the
-// allocation (the stack is innermost first) than any frame matching b.
-func (f *Facts) innerFirst(a, b func(name, file string) bool) bool {
-	for _, fr := range f.Stack {
-		file := strings.ReplaceAll(fr.Filename, `\`, "/")
-		if a(fr.Name, file) {
-			return true
-		}
-		if b(fr.Name, file) {
-			return false
-		}
-	}
-	return false
+// frameSigns are what the frame rules find in a stack: reading them once
+// per stack, rather than once per rule and allocation, is most of what
+// sorting a large live set costs otherwise.
+type frameSigns uint16
+
+const (
+	signComm frameSigns = 1 << iota
+	signWorkspace
+	signOptimizer
+	signOptimizerState
+	signAutograd
+	signForward
+	signParameter
+	signUserInit
+	// signInClosure: a forward or autograd frame lies nearer the
+	// allocation (the stack is innermost first) than any optimizer frame:
+	// work an optimizer's step(closure) runs for its caller (LBFGS,
+	// Lightning's automatic optimization).
+	signInClosure
+	signsRead
+)
+
+var frameRules = []struct {
+	sign  frameSigns
+	match func(name, file string) bool
+}{
+	{signComm, commFrame}, {signWorkspace, workspaceFrame}, {signOptimizer, optimizerFrame},
+	{signOptimizerState, optimizerStateFrame}, {signAutograd, autogradFrame}, {signForward, forwardFrame},
+	{signParameter, parameterFrame}, {signUserInit, userInitFrame},
 }
 
-// closureFrame is a frame of work an optimizer's step(closure) runs for
-// its caller (LBFGS, Lightning's automatic optimization): the forward
-// pass and the backward pass.
-func closureFrame(name, file string) bool {
-	return forwardFrame(name, file) || autogradFrame(name, file)
+func signsOf(s gpu.Stack) frameSigns {
+	signs := signsRead
+	closureKnown := false
+	for _, fr := range s {
+		name, file := fr.Name, strings.ReplaceAll(fr.Filename, `\`, "/")
+		var here frameSigns
+		for _, r := range frameRules {
+			if r.match(name, file) {
+				here |= r.sign
+			}
+		}
+		if !closureKnown && here&(signForward|signAutograd|signOptimizer) != 0 {
+			closureKnown = true
+			if here&(signForward|signAutograd) != 0 {
+				here |= signInClosure
+			}
+		}
+		signs |= here
+	}
+	return signs
 }
 
-// anyFrame reports whether a frame of the stack matches.
-func (f *Facts) anyFrame(match func(name, file string) bool) bool {
-	for _, fr := range f.Stack {
-		if match(fr.Name, strings.ReplaceAll(fr.Filename, `\`, "/")) {
-			return true
-		}
+// has reports whether a frame of the stack gives sign.
+func (f *Facts) has(sign frameSigns) bool {
+	if f.signs&signsRead == 0 {
+		f.signs = signsOf(f.Stack)
 	}
-	return false
+	return f.signs&sign != 0
 }
 
 func containsAny(s string, subs ...string) bool {
@@ -249,17 +280,17 @@ func Categorize(f *Facts) Verdict {
 			}
 		}
 	}
-	if f.anyFrame(commFrame) {
+	if f.has(signComm) {
 		return Verdict{Communication, sure(f.SideStream), "communication frames"}
 	}
-	if f.anyFrame(workspaceFrame) {
+	if f.has(signWorkspace) {
 		return Verdict{Temporaries, Medium, "workspace frames"}
 	}
 	// What a closure makes under the optimizer's step is the forward's or
 	// the backward's: rules 5 and 7 decide it.
-	inClosure := f.innerFirst(closureFrame, optimizerFrame)
-	if inOpt, byFrame := f.in(PhaseOptimizer), f.anyFrame(optimizerFrame); (inOpt || byFrame) && !inClosure {
-		init := f.anyFrame(optimizerStateFrame)
+	inClosure := f.has(signInClosure)
+	if inOpt, byFrame := f.in(PhaseOptimizer), f.has(signOptimizer); (inOpt || byFrame) && !inClosure {
+		init := f.has(signOptimizerState)
 		lasts := f.OutlivesOptimizer == Yes || f.AliveAtOptimizer == Yes || f.AcrossStep || f.NeverFreed
 		switch {
 		case init || lasts:
@@ -269,9 +300,9 @@ func Categorize(f *Facts) Verdict {
 		}
 		return Verdict{OptimizerState, Low, "optimizer"}
 	}
-	if inBwd, byFrame := f.in(PhaseBackward), f.anyFrame(autogradFrame); inBwd || byFrame {
+	if inBwd, byFrame := f.in(PhaseBackward), f.has(signAutograd); inBwd || byFrame {
 		switch {
-		case f.anyFrame(forwardFrame):
+		case f.has(signForward):
 			return Verdict{Activations, Medium, "autograd"} // recomputed (activation checkpointing)
 		case f.AliveAtOptimizer == Yes || f.AcrossStep:
 			return Verdict{Gradients, sure(byFrame || inBwd), "autograd"}
@@ -281,13 +312,13 @@ func Categorize(f *Facts) Verdict {
 		return Verdict{Gradients, Low, "autograd"}
 	}
 	persistent := (f.BeforeFirstStep || f.BeforeTrace) && (f.AcrossStep || f.NeverFreed)
-	if f.anyFrame(parameterFrame) {
+	if f.has(signParameter) {
 		return Verdict{Parameters, sure(persistent), "parameter frames"}
 	}
-	if persistent && f.anyFrame(userInitFrame) {
+	if persistent && f.has(signUserInit) {
 		return Verdict{Parameters, High, "parameter frames"}
 	}
-	if f.in(PhaseForward) || f.anyFrame(forwardFrame) {
+	if f.in(PhaseForward) || f.has(signForward) {
 		return Verdict{Activations, Medium, "forward frames"}
 	}
 	if persistent {

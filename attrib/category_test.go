@@ -261,3 +261,44 @@ func TestOptimizerClosureOnRealSnapshot(t *testing.T) {
 		t.Errorf("optimizer state %d bytes for %d bytes of parameters", by[attrib.OptimizerState], by[attrib.Parameters])
 	}
 }
+
+// Whether an allocation is still live at a later step or optimizer
+// boundary is read from the frees up to it, or past a number of events
+// from the layout there: both give the same category areas, on the
+// training loop and on real snapshots.
+func TestLaterBoundariesWalkedOrRead(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	traces := []gpu.Trace{tr}
+	for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
+		traces = append(traces, importSnapshot(t, db, name)[0])
+	}
+	for _, tr := range traces {
+		var cs [3]*attrib.Categorizer
+		for i, limit := range []int64{0, 64, 1 << 40} { // read, both, walked
+			c, err := attrib.NewCategorizer(db, tr.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			attrib.SetWalkLimit(c, limit)
+			cs[i] = c
+		}
+		if len(cs[0].Regions()) == 0 {
+			t.Fatalf("%s: no regions: no boundary to look past", tr.Name)
+		}
+		var got [3]*attrib.Areas
+		for i, c := range cs {
+			a, err := c.Areas(tr.FirstUS, tr.LastUS+1, 80)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] = a
+		}
+		for k := range got[0].T {
+			read, both, walked := fmt.Sprint(got[0].Bytes[k]), fmt.Sprint(got[1].Bytes[k]), fmt.Sprint(got[2].Bytes[k])
+			if read != both || read != walked {
+				t.Fatalf("%s at %d µs: layouts read %s, walked %s, both %s", tr.Name, got[0].T[k], read, walked, both)
+			}
+		}
+	}
+}

@@ -59,8 +59,12 @@ type Categorizer struct {
 	phases    map[Phase]spans
 	optimizer []Region
 
-	mu    sync.Mutex                  // guards alive: a categorizer serves concurrent requests
+	mu    sync.Mutex                  // guards alive and signs: a categorizer serves concurrent requests
 	alive map[int64]map[blockKey]bool // the allocations live at boundaries looked at
+	signs map[gpu.StackID]frameSigns  // guarded by mu
+	// walkLimit: past this many events, reading the layout at a later
+	// time from its checkpoint costs less than walking the events up to it.
+	walkLimit int64
 }
 
 // maxAlive bounds the layouts a categorizer keeps.
@@ -77,7 +81,7 @@ func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
 		return nil, err
 	}
 	c := &Categorizer{db: db, trace: t, regions: Regions(anns, t.LastUS+1), phases: map[Phase]spans{},
-		alive: map[int64]map[blockKey]bool{}}
+		alive: map[int64]map[blockKey]bool{}, signs: map[gpu.StackID]frameSigns{}, walkLimit: 8192}
 	for _, r := range c.regions {
 		if r.Step >= 0 {
 			c.steps = append(c.steps, r.StartUS)
@@ -125,20 +129,40 @@ func keyOf(b *gpu.Block) blockKey {
 	return blockKey(b.Seq)
 }
 
-// layoutAt reads the layout after the events at or before a time: the
-// database's (store.DB.LayoutAt), or within a read that holds a connection
-// (store.Read.LayoutAt).
-type layoutAt func(t int64) (*gpu.Layout, int64, error)
+// reads are what sorting a live set reads of its trace beyond it: the
+// events after it and layouts at later times. A store.Read is one; dbReads
+// reads the database afresh each time.
+type reads interface {
+	Events(from, to int64, fn func(e *gpu.Event) bool) error
+	LayoutAt(t int64) (*gpu.Layout, int64, error)
+}
+
+type dbReads struct {
+	db *store.DB
+	id string
+}
+
+func (d dbReads) Events(from, to int64, fn func(e *gpu.Event) bool) error {
+	evs, err := d.db.Events(d.id, from, to)
+	for i := range evs {
+		if !fn(&evs[i]) {
+			break
+		}
+	}
+	return err
+}
+
+func (d dbReads) LayoutAt(t int64) (*gpu.Layout, int64, error) { return d.db.LayoutAt(d.id, t) }
 
 // aliveAt is the set of allocations live after the events at or before t.
-func (c *Categorizer) aliveAt(t int64, layout layoutAt) (map[blockKey]bool, error) {
+func (c *Categorizer) aliveAt(t int64, rd reads) (map[blockKey]bool, error) {
 	c.mu.Lock()
 	s, ok := c.alive[t]
 	c.mu.Unlock()
 	if ok {
 		return s, nil
 	}
-	l, _, err := layout(t)
+	l, _, err := rd.LayoutAt(t)
 	if err != nil {
 		return nil, err
 	}
@@ -159,20 +183,72 @@ func (c *Categorizer) aliveAt(t int64, layout layoutAt) (map[blockKey]bool, erro
 	return s, nil
 }
 
-// aliveThen says whether b, live at t, was still live at u (u > t reads
-// the layout there; u <= t is known: a block live at t and made before u
-// was live at u).
-func (c *Categorizer) aliveThen(b *store.LiveBlock, t, u int64, layout layoutAt) (bool, error) {
-	if u <= t {
+// later says whether the allocations of one live set were still live at
+// later times (the step and optimizer boundaries after it): by the frees
+// of the events up to then when they are few, else by the layout then.
+type later struct {
+	c     *Categorizer
+	ls    *store.LiveSet
+	rd    reads
+	freed map[int64]map[uint64]bool // by time: addresses freed since ls
+}
+
+// alive says whether b, live in the set, was still live at u. Before the
+// set's instant it is known: b was live at u if it was made before.
+func (l *later) alive(b *store.LiveBlock, u int64) (bool, error) {
+	if u <= l.ls.TimeUS {
 		return b.AllocUS < u, nil
 	}
-	s, err := c.aliveAt(u, layout)
-	return s[keyOf(&b.Block)], err
+	if freed, ok := l.freed[u]; ok {
+		return !freed[b.Addr], nil
+	}
+	l.c.mu.Lock()
+	s, ok := l.c.alive[u] // read for an earlier live set, past the walk limit
+	l.c.mu.Unlock()
+	if ok {
+		return s[keyOf(&b.Block)], nil
+	}
+	freed := map[uint64]bool{}
+	n, past := int64(0), false
+	err := l.rd.Events(l.ls.Seq+1, l.ls.Seq+1+l.c.walkLimit, func(e *gpu.Event) bool {
+		if past = e.TimeUS > u; past {
+			return false
+		}
+		if e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted {
+			freed[e.Addr] = true // the first free at an address live in the set ends that block
+		}
+		n++
+		return true
+	})
+	if err != nil {
+		return false, err
+	}
+	if !past && n == l.c.walkLimit {
+		s, err := l.c.aliveAt(u, l.rd)
+		return s[keyOf(&b.Block)], err
+	}
+	if l.freed == nil {
+		l.freed = map[int64]map[uint64]bool{}
+	}
+	l.freed[u] = freed
+	return !freed[b.Addr], nil
+}
+
+// signsOf is what the frame rules find in stack s, read once per stack.
+func (c *Categorizer) signsOf(id gpu.StackID, s gpu.Stack) frameSigns {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	signs, ok := c.signs[id]
+	if !ok {
+		signs = signsOf(s)
+		c.signs[id] = signs
+	}
+	return signs
 }
 
 // Verdicts sorts the blocks of a live set of this trace.
 func (c *Categorizer) Verdicts(ls *store.LiveSet) ([]Verdict, error) {
-	return c.verdicts(ls, nil, func(t int64) (*gpu.Layout, int64, error) { return c.db.LayoutAt(c.trace.ID, t) })
+	return c.verdicts(ls, nil, dbReads{c.db, c.trace.ID})
 }
 
 // memoKey names an allocation and whether it was on a side stream, the one
@@ -183,9 +259,9 @@ type memoKey struct {
 }
 
 // verdicts sorts the blocks of ls, reusing and filling memo when given.
-func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, layout layoutAt) ([]Verdict, error) {
+func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, rd reads) ([]Verdict, error) {
 	main := mainStream(ls)
-	t := ls.TimeUS
+	then := &later{c: c, ls: ls, rd: rd}
 	out := make([]Verdict, len(ls.Blocks))
 	for i := range ls.Blocks {
 		b := &ls.Blocks[i]
@@ -194,11 +270,12 @@ func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, layo
 			out[i] = v
 			continue
 		}
-		f, err := c.facts(b, t, main, layout)
+		f, err := c.facts(b, main, then)
 		if err != nil {
 			return nil, err
 		}
 		f.Stack = ls.Stacks[b.Stack]
+		f.signs = c.signsOf(b.Stack, f.Stack)
 		out[i] = Categorize(f)
 		if memo != nil {
 			memo[k] = out[i]
@@ -242,7 +319,7 @@ func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
 			if err := describeFresh(ls, memo, rd); err != nil {
 				return err
 			}
-			vs, err := c.verdicts(ls, memo, rd.LayoutAt)
+			vs, err := c.verdicts(ls, memo, rd)
 			if err != nil {
 				return err
 			}
@@ -299,10 +376,10 @@ func mainStream(ls *store.LiveSet) int64 {
 	return best
 }
 
-// facts gathers what the rules ask of block b, live at time t.
-func (c *Categorizer) facts(b *store.LiveBlock, t, main int64, layout layoutAt) (*Facts, error) {
+// facts gathers what the rules ask of block b, live in then's set.
+func (c *Categorizer) facts(b *store.LiveBlock, main int64, then *later) (*Facts, error) {
 	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
-	end, err := c.aliveAt(c.trace.LastUS, layout)
+	end, err := c.aliveAt(c.trace.LastUS, then.rd)
 	if err != nil {
 		return nil, err
 	}
@@ -319,7 +396,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64, layout layoutAt) 
 		f.BeforeFirstStep = made < c.steps[0]
 		// The first step to start after it was made.
 		if i := sort.Search(len(c.steps), func(i int) bool { return c.steps[i] > made }); i < len(c.steps) {
-			alive, err := c.aliveThen(b, t, c.steps[i], layout)
+			alive, err := then.alive(b, c.steps[i])
 			if err != nil {
 				return nil, err
 			}
@@ -329,7 +406,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64, layout layoutAt) 
 	opt := c.optimizer
 	i := sort.Search(len(opt), func(i int) bool { return opt[i].StartUS > made })
 	if i < len(opt) {
-		alive, err := c.aliveThen(b, t, opt[i].StartUS, layout)
+		alive, err := then.alive(b, opt[i].StartUS)
 		if err != nil {
 			return nil, err
 		}
@@ -337,7 +414,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, t, main int64, layout layoutAt) 
 	}
 	// The optimizer step it was made in: the last to start at or before it.
 	if i > 0 && made < opt[i-1].EndUS {
-		alive, err := c.aliveThen(b, t, opt[i-1].EndUS, layout)
+		alive, err := then.alive(b, opt[i-1].EndUS)
 		if err != nil {
 			return nil, err
 		}

@@ -586,6 +586,12 @@ func (rd Read) LayoutAt(t int64) (*gpu.Layout, int64, error) {
 // blocks of ls: a live set of LiveAtEach, or a part of one.
 func (rd Read) Describe(ls *LiveSet) error { return rd.r.describe(ls) }
 
+// Events calls fn for the events with from <= seq < to, in order, until
+// it returns false.
+func (rd Read) Events(from, to int64, fn func(e *gpu.Event) bool) error {
+	return rd.r.events(from, to, fn)
+}
+
 // Range is the least and greatest value in a bucket.
 type Range struct {
 	Min uint64 `json:"min"`
