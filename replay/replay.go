@@ -90,9 +90,6 @@ func (p *Replayer) measure() {
 	p.res.PeakAllocated = max(p.res.PeakAllocated, p.a.Allocated())
 }
 
-// Allocator is the allocator the replayer drives.
-func (p *Replayer) Allocator() *caching.Allocator { return p.a }
-
 // Run runs reqs, a whole stream, one after the other.
 func (p *Replayer) Run(reqs []Request) (Result, error) {
 	for i := range reqs {
