@@ -2,7 +2,8 @@ package attrib_test
 
 import (
 	"fmt"
-	"sort"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 
@@ -140,12 +141,7 @@ func TestCategoriesOfGoTraining(t *testing.T) {
 			for i, p := range peaks {
 				at[fmt.Sprintf("step %d's peak", steps[i].Step)] = p.Seq
 			}
-			names := make([]string, 0, len(at))
-			for n := range at {
-				names = append(names, n)
-			}
-			sort.Strings(names)
-			for _, n := range names {
+			for _, n := range slices.Sorted(maps.Keys(at)) {
 				l, err := cat.At(attrib.Instant{BySeq: true, Seq: at[n]})
 				if err != nil {
 					t.Fatal(err)

@@ -7,7 +7,8 @@ package tracer
 import (
 	"context"
 	"errors"
-	"sort"
+	"maps"
+	"slices"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -139,12 +140,7 @@ func frame(name, file string, line uint64) gpu.Frame {
 type tensors map[string]uint64
 
 func (t tensors) freeAll(env *Env) error {
-	names := make([]string, 0, len(t))
-	for n := range t {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(t)) {
 		if err := env.free(t[n]); err != nil {
 			return err
 		}

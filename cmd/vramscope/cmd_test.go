@@ -3,9 +3,10 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 
@@ -138,11 +139,7 @@ func TestWhatIfJSON(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range generic {
-		var keys []string
-		for k := range r {
-			keys = append(keys, k)
-		}
-		sort.Strings(keys)
+		keys := slices.Sorted(maps.Keys(r))
 		if fmt.Sprint(keys) != "[alloc_conf avoided capacity_needed error fragmentation_at_oom new_ooms ooms peak_reserved]" {
 			t.Fatalf("keys %v", keys)
 		}

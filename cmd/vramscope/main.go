@@ -8,9 +8,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 )
 
@@ -96,12 +97,7 @@ func (e inputError) ExitCode() int { return 2 }
 func printUsage(w io.Writer) {
 	fmt.Fprintln(w, "usage: vramscope [command] [flags]   (no command: serve)")
 	fmt.Fprintln(w)
-	names := make([]string, 0, len(commands))
-	for n := range commands {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
 }

@@ -2,6 +2,8 @@ package caching
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"testing"
 
 	"vramscope/gpu"
@@ -27,7 +29,7 @@ func TestStatCounterMatchesAllocator(t *testing.T) {
 					c.Apply(e)
 				}
 				got, want := c.Stats().Flat(), h.a.stats.Flat()
-				for _, k := range SortedKeys(want) {
+				for _, k := range slices.Sorted(maps.Keys(want)) {
 					if k == "num_alloc_retries" || k == "num_sync_all_streams" {
 						continue
 					}

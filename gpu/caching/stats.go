@@ -2,7 +2,6 @@ package caching
 
 import (
 	"fmt"
-	"sort"
 	"strings"
 )
 
@@ -127,16 +126,6 @@ func (s *Stats) Flat() map[string]int64 {
 	m["num_device_alloc"] = s.NumDeviceAlloc
 	m["num_device_free"] = s.NumDeviceFree
 	return m
-}
-
-// SortedKeys returns the keys of a flat stats map in memory_stats() order.
-func SortedKeys(m map[string]int64) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 // FormatSize is PyTorch's format_size, used in OOM messages.

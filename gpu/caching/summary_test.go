@@ -2,8 +2,10 @@ package caching
 
 import (
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -89,7 +91,7 @@ func TestMemoryStatsKeys(t *testing.T) {
 	if m["max_split_size"] != -1 {
 		t.Errorf("max_split_size %d, want -1 when unlimited", m["max_split_size"])
 	}
-	keys := SortedKeys(m)
+	keys := slices.Sorted(maps.Keys(m))
 	if keys[0] != "active.all.allocated" {
 		t.Errorf("first key %s", keys[0])
 	}
