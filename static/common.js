@@ -71,27 +71,27 @@ export class APIError extends Error {
   constructor(status, msg) { super(msg); this.status = status; }
 }
 
-/** fetch JSON (or text with {text: true}); rejects with the server's error text. */
-export async function api(url, opts = {}) {
-  const res = await fetch(url, { signal: opts.signal, method: opts.method || "GET", headers: { Accept: "application/json" } });
+/** fetch, rejecting a failed answer with the server's error text. */
+async function fetchOK(url, init) {
+  const res = await fetch(url, init);
   if (!res.ok) {
     let msg = res.status + " " + res.statusText;
     try { const j = await res.json(); if (j && j.error) msg = j.error; } catch { /* not JSON */ }
     throw new APIError(res.status, msg);
   }
+  return res;
+}
+
+/** fetch JSON (or text with {text: true}); rejects with the server's error text. */
+export async function api(url, opts = {}) {
+  const res = await fetchOK(url, { signal: opts.signal, method: opts.method || "GET", headers: { Accept: "application/json" } });
   if (res.status === 204) return null;
   return opts.text ? res.text() : res.json();
 }
 
 /** fetch a binary answer as an ArrayBuffer; rejects as api does. */
 export async function apiBinary(url, opts = {}) {
-  const res = await fetch(url, { signal: opts.signal });
-  if (!res.ok) {
-    let msg = res.status + " " + res.statusText;
-    try { const j = await res.json(); if (j && j.error) msg = j.error; } catch { /* not JSON */ }
-    throw new APIError(res.status, msg);
-  }
-  return res.arrayBuffer();
+  return (await fetchOK(url, { signal: opts.signal })).arrayBuffer();
 }
 
 /**
