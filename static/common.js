@@ -142,6 +142,17 @@ export function askToken() {
   return !!t;
 }
 
+/** DELETE url, asking for the token once on a 401; rejects as api does. */
+export async function apiDelete(url) {
+  const send = () => fetchOK(url, { method: "DELETE", headers: authHeader() });
+  try {
+    await send();
+  } catch (e) {
+    if (e.status !== 401 || !askToken()) throw e;
+    await send();
+  }
+}
+
 const THEME_KEY = "vramscope-theme";
 
 /** The theme in force: the saved choice, else the system's. */

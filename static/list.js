@@ -1,7 +1,7 @@
 // The trace list: upload by drag-and-drop or file and folder pickers with
 // a progress bar (several files make a run), and delete with a second
 // click to confirm.
-import { initTheme, authHeader, askToken } from "./common.js";
+import { initTheme, authHeader, askToken, apiDelete } from "./common.js";
 
 initTheme();
 
@@ -135,17 +135,13 @@ for (const btn of document.querySelectorAll("button.delete")) {
     }
     btn.disabled = true;
     const url = btn.dataset.run ? "/api/runs/" + encodeURIComponent(btn.dataset.run) : "/api/traces/" + encodeURIComponent(btn.dataset.id);
-    const del = () => fetch(url, { method: "DELETE", headers: authHeader() });
-    let res = await del();
-    if (res.status === 401 && askToken()) res = await del();
-    if (res.ok) {
+    try {
+      await apiDelete(url);
       btn.closest("tr").remove();
       setStatus("Deleted " + btn.dataset.name + ".");
-    } else {
-      let msg = res.status + "";
-      try { msg = (await res.json()).error; } catch { /* keep status */ }
+    } catch (e) {
       btn.disabled = false;
-      setStatus("Could not delete " + btn.dataset.name + ": " + msg, true);
+      setStatus("Could not delete " + btn.dataset.name + ": " + e.message, true);
     }
   });
 }

@@ -5,7 +5,7 @@
 // rank's trace at that time (at the peak event itself on the peak cell);
 // a drag zooms into a time range. The series and the window are in the
 // URL; the frame scheduler draws once per frame whatever asked.
-import { api, el, fmtBytes, fmtTime, initTheme, fitCanvas, niceTicks, queryNum, palette, authHeader, askToken } from "./common.js";
+import { api, el, fmtBytes, fmtTime, initTheme, fitCanvas, niceTicks, queryNum, palette, apiDelete } from "./common.js";
 import { FrameScheduler } from "./frames.js";
 
 const root = document.getElementById("run");
@@ -339,13 +339,12 @@ del.addEventListener("click", async () => {
     setTimeout(() => { del.dataset.armed = ""; del.textContent = "Delete run"; }, 4000);
     return;
   }
-  const send = () => fetch(`/api/runs/${id}`, { method: "DELETE", headers: authHeader() });
-  let res = await send();
-  if (res.status === 401 && askToken()) res = await send();
-  if (res.ok) { location.assign("/"); return; }
-  let msg = res.status + "";
-  try { msg = (await res.json()).error; } catch { /* keep the status */ }
-  status.textContent = "Could not delete the run: " + msg;
+  try {
+    await apiDelete(`/api/runs/${id}`);
+    location.assign("/");
+  } catch (e) {
+    status.textContent = "Could not delete the run: " + e.message;
+  }
 });
 
 let resizeTimer = 0;
