@@ -25,8 +25,6 @@ var knownStrings = []string{
 	"segments", "device_traces", "allocator_settings", "external_annotations",
 	"device", "address", "total_size", "blocks", "state", "requested_size",
 	"segment_type", "segment_pool_id", "is_expandable", "history", "real_size",
-	"stage", "PYTORCH_CUDA_ALLOC_CONF", "max_split_size", "expandable_segments",
-	"roundup_power2_divisions",
 }
 
 const (
@@ -57,11 +55,6 @@ const (
 	sIsExpandable
 	sHistory
 	sRealSize
-	sStage
-	sAllocConf
-	sMaxSplitSize
-	sExpandableSegments
-	sRoundupDivisions
 )
 
 // eventList is a list of trace entries, kept as events from the start.
