@@ -9,15 +9,15 @@ import (
 	"net"
 	"net/http"
 	"time"
-	"vramscope/attrib"
-	"vramscope/incident"
-	"vramscope/live"
-	"vramscope/server/guard"
 
 	"github.com/go-chi/chi/v5"
 	"github.com/go-chi/chi/v5/middleware"
 	"github.com/go-chi/httprate"
 
+	"vramscope/attrib"
+	"vramscope/incident"
+	"vramscope/live"
+	"vramscope/server/guard"
 	"vramscope/store"
 )
 
