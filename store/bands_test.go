@@ -10,8 +10,8 @@ import (
 	"vramscope/gpu"
 )
 
-// stackAt is the reference stack at an instant: the allocations live after
-// every event with TimeUS <= x, in stacking order, with their offsets.
+// stacked is an allocation of the reference stack at an instant, with its
+// offset in the stack.
 type stacked struct {
 	seq             int64
 	addr, off, size uint64
@@ -19,6 +19,8 @@ type stacked struct {
 
 func (s stacked) key() bandKey { return keyOf(&liveEntry{seq: s.seq, addr: s.addr}) }
 
+// bruteStacks is the reference stack at each instant x of xs: the
+// allocations live after every event with TimeUS <= x, in stacking order.
 func bruteStacks(ref *reference, xs []int64) [][]stacked {
 	l := ref.initial.Clone()
 	out := make([][]stacked, len(xs))

@@ -17,11 +17,11 @@ const chunkSize = 4096
 
 // Event encoding, per event:
 //
-//	tag     byte: action (low 4 bits), pool (2 bits), extFlag, streamFlag
-//	[ext]   byte of ext* bits, when extFlag
+//	tag     byte: action (low 4 bits), pool (2 bits), tagExt, tagStream
+//	[ext]   byte of ext* bits, when tagExt
 //	[seq]   varint seq-prev-1, when extSeq
 //	dt      uvarint time - previous time (times never decrease)
-//	[stream] varint, when streamFlag (stream differs from the previous event's)
+//	[stream] varint, when tagStream (stream differs from the previous event's)
 //	daddr   varint addr - previous addr
 //	size    uvarint
 //	[bs]    uvarint BlockSize-Size, for alloc and free_* events

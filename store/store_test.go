@@ -89,7 +89,7 @@ type reference struct {
 	evs     []gpu.Event
 }
 
-// totalsAfter returns the totals after each event (index i: after evs[i]),
+// totals returns the totals after each event (index i: after evs[i]),
 // and before the first.
 func (ref *reference) totals() (before gpu.Totals, after []gpu.Totals) {
 	l := ref.initial.Clone()

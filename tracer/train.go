@@ -79,7 +79,7 @@ func join(parts ...[]gpu.Frame) []gpu.Frame {
 	return out
 }
 
-// layerOp is where a layer's forward makes one activation: the frames
+// layerOps says where a layer's forward makes each activation: the frames
 // inside its Block.forward call, innermost first.
 var layerOps = map[string][]gpu.Frame{
 	"ln1":          join(layerNorm, moduleCall, []gpu.Frame{frame("forward", "model.py", 61)}),
