@@ -188,6 +188,12 @@ func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) 
 	if err != nil {
 		return err
 	}
+	return s.Serve(ctx, ln, ready)
+}
+
+// Serve is ListenAndServe on a listener already open, so that a caller
+// can claim the address before slower work (opening the database).
+func (s *Server) Serve(ctx context.Context, ln net.Listener, ready func(addr net.Addr)) error {
 	// Bodies and answers have their deadlines set per request (deadlines),
 	// so uploads and websockets can take the time they need.
 	srv := &http.Server{Handler: s.router, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: s.opt.Timeouts.Idle,

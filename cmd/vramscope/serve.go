@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -67,6 +68,16 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		*token = rand.Text()
 		fmt.Fprintf(stderr, "vramscope: listening beyond loopback, so uploads and live ingest need a token: %s\n(choose one with --token or VRAMSCOPE_TOKEN)\n", *token)
 	}
+	// The address first: a port in use is said at once, not after the
+	// demo traces are made.
+	ln, err := net.Listen("tcp", *addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s is already in use (another vramscope serve, or another program): stop it, or serve on another port with --addr 127.0.0.1:8081", *addr)
+	}
+	if err != nil {
+		return fmt.Errorf("--addr %s: %w", *addr, err)
+	}
+	defer ln.Close()
 	db, err := store.Open(*dbPath)
 	if err != nil {
 		return err
@@ -88,7 +99,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		Live: live.Options{MaxMessage: int64(message), MaxStreams: *maxStreams, EmptyExpiry: *emptyExpiry}, Logger: log})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	return srv.ListenAndServe(ctx, func(a net.Addr) {
+	return srv.Serve(ctx, ln, func(a net.Addr) {
 		fmt.Fprintf(stdout, "vramscope: serving %s on http://%s/\n", *dbPath, a)
 	})
 }
