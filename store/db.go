@@ -21,7 +21,7 @@ import (
 	"sync"
 	"syscall"
 
-	_ "github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
+	"github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
 
 	"vramscope/gpu"
 	"vramscope/migrations"
@@ -88,16 +88,44 @@ func Open(path string) (*DB, error) {
 	if err := db.roomy(func() error { return migrate(w) }); err != nil {
 		w.Close()
 		r.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, openError(path, err)
 	}
 	db.enableAutoVacuum()
 	go db.writeLoop()
 	if err := db.tidy(); err != nil && !errors.Is(err, ErrDiskFull) {
 		db.Close()
-		return nil, fmt.Errorf("%s: %w", path, err)
+		return nil, openError(path, err)
 	}
 	db.takeReserve()
 	return db, nil
+}
+
+// openError says what is wrong with the database at path, and what to do,
+// where SQLite's words ("unable to open database file: no such file or
+// directory" for a read-only folder) do not.
+func openError(path string, err error) error {
+	dir := filepath.Dir(path)
+	var se sqlite3.Error
+	errors.As(err, &se)
+	if st, serr := os.Stat(path); serr == nil && st.IsDir() {
+		return fmt.Errorf("%s is a folder, not a database file: name a file in it, such as %s", path, filepath.Join(path, "vramscope.db"))
+	}
+	if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+		return fmt.Errorf("%s: the folder %s does not exist: create it, or choose a database file in a folder that does", path, dir)
+	}
+	if aerr := syscall.Access(dir, 2 /* W_OK */); aerr != nil {
+		return fmt.Errorf("%s: cannot write in its folder %s (%v): a database needs a writable folder for its -wal, -shm and -reserve files: keep it in one", path, dir, aerr)
+	}
+	if aerr := syscall.Access(path, 2 /* W_OK */); aerr != nil && !errors.Is(aerr, fs.ErrNotExist) {
+		return fmt.Errorf("%s is read-only (%v): make it writable (chmod u+w), or copy it", path, aerr)
+	}
+	switch se.Code {
+	case sqlite3.ErrNotADB:
+		return fmt.Errorf("%s is not a SQLite database: choose a vramscope database, or a new file name to make one", path)
+	case sqlite3.ErrBusy, sqlite3.ErrLocked:
+		return fmt.Errorf("%s is locked: another process has been writing to it for over 5 s (a vramscope import or trace into the same file?): try again when it ends, or choose another database file", path)
+	}
+	return fmt.Errorf("%s: %w", path, err)
 }
 
 // enableAutoVacuum turns incremental auto_vacuum on for a database made
@@ -213,6 +241,15 @@ func migrate(db *sql.DB) error {
 	}
 	if cur > latest {
 		return fmt.Errorf("database schema version %d is newer than this vramscope's %d; use a newer vramscope", cur, latest)
+	}
+	if cur == 0 {
+		// A database of another program: vramscope's tables are not added to it.
+		var other string
+		if err := db.QueryRow("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' LIMIT 1").Scan(&other); err == nil {
+			return fmt.Errorf("a SQLite database of another program (it has a table %q and no vramscope schema): choose a vramscope database, or a new file name to make one", other)
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
 	}
 	for _, s := range steps {
 		if s.version <= cur {
