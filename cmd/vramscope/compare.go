@@ -57,7 +57,7 @@ func runCompare(args []string, stdout, stderr io.Writer) error {
 	if flagSet(fs, "at") {
 		o.At = at
 	}
-	db, err := store.Open(*dbPath)
+	db, err := openStored(*dbPath)
 	if err != nil {
 		return err
 	}

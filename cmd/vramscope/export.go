@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 
 	"vramscope/attrib"
 	"vramscope/gpu"
@@ -49,14 +50,17 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	case flagSet(fs, "at") && flagSet(fs, "seq"):
 		return usagef("give --at or --seq, not both")
 	}
-	db, err := store.Open(*dbPath)
+	if err := checkOutput(*out); err != nil {
+		return err
+	}
+	db, err := openStored(*dbPath)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
 	tr, err := db.Trace(pos[0])
 	if err != nil {
-		return usagef("no trace %q in the database", pos[0])
+		return usagef("no trace %q in %s", pos[0], *dbPath)
 	}
 	if *format == "pprof" {
 		when := attrib.Instant{BySeq: true, Seq: tr.PeakSeq}
@@ -140,4 +144,29 @@ func exportProfile(db *store.DB, tr gpu.Trace, when attrib.Instant, all bool, ou
 	fmt.Fprintf(stderr, "wrote %s: %d live allocations, %d bytes, %s; read it with go tool pprof -top %s\n",
 		out, len(l.Blocks), l.Bytes(), attrib.AfterEvent(l.Seq), out)
 	return nil
+}
+
+// checkOutput refuses, before any work, an output path that cannot be
+// written: a folder, or a file in a folder that does not exist.
+func checkOutput(path string) error {
+	if path == "-" {
+		return nil
+	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return usagef("-o %s is a folder: name a file in it", path)
+	}
+	dir := filepath.Dir(path)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return usagef("-o %s: the folder %s does not exist: create it (mkdir -p %s), or write elsewhere", path, dir, dir)
+	}
+	return nil
+}
+
+// openStored opens the database of a command that reads stored traces,
+// refusing one that does not exist rather than making an empty one.
+func openStored(path string) (*store.DB, error) {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil, usagef("no database at %s: give --db the database that holds the trace", path)
+	}
+	return store.Open(path)
 }

@@ -63,7 +63,11 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		defer f.Close()
 	}
 	var r io.Reader = f
-	if st, err := f.Stat(); err == nil && st.Size() > 32<<20 {
+	st, err := f.Stat()
+	if err == nil && st.IsDir() {
+		return usagef("%s is a folder: import --run NAME %s imports its files as the ranks of one run; or name one file", path, path)
+	}
+	if err == nil && st.Size() > 32<<20 {
 		r = &progressReader{r: f, total: st.Size(), w: stderr, name: filepath.Base(path)}
 	}
 	traces, err := pytorch.Decode(r)
