@@ -26,9 +26,17 @@ type Frag struct {
 // DefaultFrag fills 85 % of the device.
 func DefaultFrag() Frag { return Frag{Seed: 1, Fill: 0.85} }
 
-func (f Frag) Run(ctx context.Context, env *Env) error {
+// Check says what is wrong with f's settings, if anything.
+func (f Frag) Check() error {
 	if f.Fill <= 0 || f.Fill >= 1 {
 		return fmt.Errorf("frag: fill must be in (0,1), got %v", f.Fill)
+	}
+	return nil
+}
+
+func (f Frag) Run(ctx context.Context, env *Env) error {
+	if err := f.Check(); err != nil {
+		return err
 	}
 	r := rand.New(rand.NewPCG(f.Seed, 0x6672))
 	_, capacity, err := env.Alloc.Device().MemInfo()

@@ -37,6 +37,9 @@ type Parallel struct {
 
 // Check says what is wrong with p's shape, if anything.
 func (p Parallel) Check() error {
+	if err := p.Train.Check(); err != nil {
+		return err
+	}
 	switch {
 	case p.Ranks < 1:
 		return fmt.Errorf("parallel: %d ranks; want at least 1", p.Ranks)

@@ -50,12 +50,20 @@ type serveReq struct {
 	arrive      int64
 }
 
-func (s ServeKV) Run(ctx context.Context, env *Env) error {
+// Check says what is wrong with s's settings, if anything.
+func (s ServeKV) Check() error {
 	if s.KV != KVContiguous && s.KV != KVPaged {
 		return fmt.Errorf("serve-kv: --kv must be %s or %s, not %q", KVContiguous, KVPaged, s.KV)
 	}
 	if s.Requests <= 0 || s.MaxBatch <= 0 || s.MaxPrompt <= 0 || s.MaxOutput <= 0 || s.Layers <= 0 || s.Hidden <= 0 {
 		return fmt.Errorf("serve-kv: requests, batch, prompt, output, layers and hidden must be positive")
+	}
+	return nil
+}
+
+func (s ServeKV) Run(ctx context.Context, env *Env) error {
+	if err := s.Check(); err != nil {
+		return err
 	}
 	r := rand.New(rand.NewPCG(s.Seed, 0x6b76))
 	D := uint64(s.DtypeBytes)

@@ -219,9 +219,17 @@ type model struct {
 	stepFrame         gpu.Frame // train_step's line calling the model
 }
 
-func newModel(t Train, env *Env) (*model, error) {
+// Check says what is wrong with t's settings, if anything.
+func (t Train) Check() error {
 	if t.Layers <= 0 || t.Hidden <= 0 || t.Batch <= 0 || t.Seq <= 0 || t.Steps <= 0 || t.DtypeBytes <= 0 || t.Vocab <= 0 || slices.ContainsFunc(t.SeqLens, func(n int) bool { return n <= 0 }) {
-		return nil, fmt.Errorf("train: layers, hidden, vocab, batch, seq, steps and dtype bytes must be positive")
+		return fmt.Errorf("train: layers, hidden, vocab, batch, seq, steps and dtype bytes must be positive")
+	}
+	return nil
+}
+
+func newModel(t Train, env *Env) (*model, error) {
+	if err := t.Check(); err != nil {
+		return nil, err
 	}
 	m := &model{t: t, env: env, r: rand.New(rand.NewPCG(t.Seed, 0x7472)),
 		H: uint64(t.Hidden), B: uint64(t.Batch), S: uint64(t.Seq), D: uint64(t.DtypeBytes),

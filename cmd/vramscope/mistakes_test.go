@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"vramscope/store"
 )
 
 // A newcomer's mistakes with files each get exit status 2 and a message
@@ -44,5 +46,41 @@ func TestFileMistakes(t *testing.T) {
 	}
 	if _, err := os.Stat(db); !os.IsNotExist(err) {
 		t.Errorf("a refused command made the database: %v", err)
+	}
+}
+
+// Malformed workload settings and sizes are refused before a trace is made.
+func TestTraceSettingMistakes(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "v.db")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workload", "serve-kv", "--kv", "pagged"}, `--kv must be contiguous or paged, not "pagged"`},
+		{[]string{"--workload", "frag", "--fill", "2"}, "frag: fill must be in (0,1), got 2"},
+		{[]string{"--workload", "train", "--steps", "0"}, "train: layers, hidden, vocab, batch, seq, steps and dtype bytes must be positive"},
+		{[]string{"--workload", "train", "--ranks", "2", "--parallel", "dp", "--seq", "0"}, "train: layers, hidden"},
+		{[]string{"--workload", "frag", "--capacity", "16"}, "--capacity 16 is 16 bytes, less than one 2.00 MiB segment: give a unit, as in 16GiB"},
+		{[]string{"--workload", "frag", "--capacity", "16GiBs"}, `--capacity: size "16GiBs": unknown unit`},
+		{[]string{"--workload", "frag", "--alloc-conf", "expandable_segments=True"}, "--alloc-conf: Unrecognized CachingAllocator option: expandable_segments=True"},
+	} {
+		code, _, errs := runCmd(append([]string{"trace", "--db", db, "--quiet"}, tc.args...)...)
+		if code != 2 || !strings.Contains(errs, tc.want) {
+			t.Errorf("trace %v: exit %d, %s; want 2 and %q", tc.args, code, errs, tc.want)
+		}
+	}
+	if s, err := store.Open(db); err != nil {
+		t.Fatal(err)
+	} else if traces, err := s.Traces(); err != nil || len(traces) != 0 {
+		t.Errorf("refused traces stored %d traces, %v", len(traces), err)
+		s.Close()
+	} else {
+		s.Close()
+	}
+	log := scenarioDLog(t)
+	for _, cmd := range []string{"replay", "whatif"} {
+		if code, _, errs := runCmd(cmd, log, "--capacity", "60"); code != 2 || !strings.Contains(errs, "--capacity 60 is 60 bytes") {
+			t.Errorf("%s --capacity 60: exit %d, %s", cmd, code, errs)
+		}
 	}
 }

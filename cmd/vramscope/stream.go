@@ -23,8 +23,8 @@ func openStream(arg, dbPath string, device int, capacity string, stderr io.Write
 	var given uint64
 	if capacity != "" {
 		var err error
-		if given, err = gpu.ParseBytes(capacity); err != nil {
-			return replay.Stream{}, usagef("--capacity: %v", err)
+		if given, err = parseCapacity(capacity); err != nil {
+			return replay.Stream{}, err
 		}
 	}
 	s, err := requestStream(arg, dbPath, device, stderr)
@@ -33,6 +33,19 @@ func openStream(arg, dbPath string, device int, capacity string, stderr io.Write
 	}
 	s.Use(given, replay.DefaultCapacity)
 	return s, nil
+}
+
+// parseCapacity reads --capacity, refusing a device too small for one
+// segment: "--capacity 16" is 16 bytes, most likely a unit left out.
+func parseCapacity(s string) (uint64, error) {
+	n, err := gpu.ParseBytes(s)
+	if err != nil {
+		return 0, usagef("--capacity: %v", err)
+	}
+	if n < gpu.SmallBuffer {
+		return 0, usagef("--capacity %s is %d bytes, less than one %s segment: give a unit, as in 16GiB", s, n, gpu.FormatBytes(gpu.SmallBuffer))
+	}
+	return n, nil
 }
 
 // requestStream reads a request stream from a stored trace id or a file: an

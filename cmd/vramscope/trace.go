@@ -77,6 +77,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	}
 	var w tracer.Workload
 	var rs *replay.Stream
+	var capBytes uint64
 	switch *workload {
 	case "train":
 		train.Seed = *seed
@@ -112,13 +113,24 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		}
 		pos = nil
 		rs = &stream
-		*capacity = strconv.FormatUint(stream.Capacity.Bytes, 10)
+		capBytes = stream.Capacity.Bytes
 		fmt.Fprintf(stderr, "replaying %d requests: %s\n", len(stream.Requests), stream.Capacity)
 	default:
 		return usagef("unknown --workload %q (train, serve-kv, frag or replay)", *workload)
 	}
 	if len(pos) > 0 {
 		return usagef("unexpected arguments %v", pos)
+	}
+	// Settings are checked before a trace is made, so a mistake stores nothing.
+	if c, ok := w.(interface{ Check() error }); ok {
+		if err := c.Check(); err != nil {
+			return usagef("%v", err)
+		}
+	}
+	if rs == nil {
+		if capBytes, err = parseCapacity(*capacity); err != nil {
+			return err
+		}
 	}
 	var job *tracer.Parallel
 	if flagSet(fs, "ranks") {
@@ -129,10 +141,6 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		if err := job.Check(); err != nil {
 			return usagef("--ranks: %v", err)
 		}
-	}
-	capBytes, err := gpu.ParseBytes(*capacity)
-	if err != nil {
-		return usagef("--capacity: %v", err)
 	}
 	if *name == "" {
 		*name = *workload
