@@ -201,12 +201,24 @@ func TestEveryCommandHasUsage(t *testing.T) {
 		if !strings.Contains(out, "\n  "+name+" ") {
 			t.Errorf("help does not list %s:\n%s", name, out)
 		}
-		if name == "version" {
-			continue // takes no flags
-		}
 		code, _, errs := runCmd(name, "-h")
 		if code != 0 || !strings.HasPrefix(errs, "usage: vramscope "+name) {
 			t.Errorf("%s -h: exit %d, %.80q", name, code, errs)
 		}
+		// An unknown flag: the usage, then the error once, exit 2.
+		code, _, errs = runCmd(name, "--no-such-flag")
+		if code != 2 || !strings.HasPrefix(errs, "usage: vramscope "+name) ||
+			!strings.HasSuffix(errs, "vramscope "+name+": flag provided but not defined: -no-such-flag\n") || strings.Count(errs, "not defined") != 1 {
+			t.Errorf("%s --no-such-flag: exit %d\n%s", name, code, errs)
+		}
+	}
+	// vramscope -h is the list of commands, not serve's flags.
+	for _, h := range []string{"-h", "--help"} {
+		if code, hout, _ := runCmd(h); code != 0 || hout != out || !strings.Contains(out, "vramscope COMMAND -h") {
+			t.Errorf("vramscope %s: exit %d\n%s", h, code, hout)
+		}
+	}
+	if code, _, errs := runCmd("version", "extra"); code != 2 || !strings.Contains(errs, "version takes no arguments") {
+		t.Errorf("version extra: exit %d, %s", code, errs)
 	}
 }

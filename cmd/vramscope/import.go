@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("import", "import a PyTorch memory snapshot (pickle, JSON or gzip) into the database", runImport)
+	register("import", "import a PyTorch memory snapshot (pickle, JSON or gzip), or a job's snapshots as one run, into the database", runImport)
 }
 
 func runImport(args []string, stdout, stderr io.Writer) error {

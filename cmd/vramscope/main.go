@@ -39,7 +39,16 @@ func (e usageError) Error() string { return e.msg }
 func usagef(format string, args ...any) error { return usageError{fmt.Sprintf(format, args...)} }
 
 func init() {
-	register("version", "print the version", func(args []string, stdout, _ io.Writer) error {
+	register("version", "print the version", func(args []string, stdout, stderr io.Writer) error {
+		fs := newFlags("version", stderr)
+		fs.Usage = func() { fmt.Fprintln(stderr, "usage: vramscope version") }
+		pos, err := parseArgs(fs, args)
+		if err != nil {
+			return err
+		}
+		if len(pos) > 0 {
+			return usagef("version takes no arguments, got %q", pos)
+		}
 		fmt.Fprintln(stdout, "vramscope", version)
 		return nil
 	})
@@ -51,10 +60,10 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	name := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+	if len(args) > 0 && (!strings.HasPrefix(args[0], "-") || args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
 		name, args = args[0], args[1:]
 	}
-	if name == "help" || name == "-h" || name == "--help" {
+	if name == "help" || name == "-h" || name == "-help" || name == "--help" {
 		printUsage(stdout)
 		return 0
 	}
@@ -100,6 +109,8 @@ func printUsage(w io.Writer) {
 	for _, n := range slices.Sorted(maps.Keys(commands)) {
 		fmt.Fprintf(w, "  %-9s %s\n", n, commands[n].summary)
 	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "vramscope COMMAND -h lists a command's flags (vramscope serve -h: the server's).")
 }
 
 // newFlags returns a flag set that reports errors instead of exiting.
@@ -117,7 +128,7 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parse(fs, args); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return nil, err
 			}
@@ -133,6 +144,21 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 		pos = append(pos, args[0])
 		args = args[1:]
 	}
+}
+
+// parse is fs.Parse printing the usage but not the error, which main
+// prints once, last.
+func parse(fs *flag.FlagSet, args []string) error {
+	usage, out := fs.Usage, fs.Output()
+	fs.Usage = func() {}
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	fs.Usage = usage
+	fs.SetOutput(out)
+	if err != nil {
+		fs.Usage()
+	}
+	return err
 }
 
 // traceIDShape is a trace id (16 letters of the URL-safe base64 alphabet)

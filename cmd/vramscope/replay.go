@@ -11,7 +11,7 @@ import (
 )
 
 func init() {
-	register("replay", "replay a request log through the allocator on the simulated device", runReplay)
+	register("replay", "replay a recording (RMM log, snapshot or stored trace) through the allocator on the simulated device", runReplay)
 }
 
 // defaultCapacity is the simulated device's memory when none is given: an
