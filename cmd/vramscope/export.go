@@ -84,39 +84,31 @@ func runExport(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	w := stdout
-	if *out != "-" {
-		f, err := os.Create(*out)
-		if err != nil {
+	write := func(w io.Writer) error {
+		bw := bufio.NewWriterSize(w, 1<<20)
+		if err := pytorch.Export(bw, traces...); err != nil {
 			return err
 		}
-		defer f.Close()
-		w = f
+		return bw.Flush()
 	}
-	bw := bufio.NewWriterSize(w, 1<<20)
-	if err := pytorch.Export(bw, traces...); err != nil {
+	if *out == "-" {
+		return write(stdout)
+	}
+	if err := writeFile(*out, write); err != nil {
 		return err
 	}
-	if err := bw.Flush(); err != nil {
-		return err
+	events, segments := 0, 0
+	var devices []int
+	for _, t := range traces {
+		events += len(t.Events)
+		segments += len(t.Final.Segments)
+		devices = append(devices, t.Device)
 	}
-	if f, ok := w.(*os.File); ok && f != os.Stdout {
-		if err := f.Close(); err != nil {
-			return err
-		}
-		events, segments := 0, 0
-		var devices []int
-		for _, t := range traces {
-			events += len(t.Events)
-			segments += len(t.Final.Segments)
-			devices = append(devices, t.Device)
-		}
-		word := "devices"
-		if len(devices) == 1 {
-			word = "device"
-		}
-		fmt.Fprintf(stderr, "wrote %s: %s %s, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, word, joinInts(devices), events, segments)
+	word := "devices"
+	if len(devices) == 1 {
+		word = "device"
 	}
+	fmt.Fprintf(stderr, "wrote %s: %s %s, %d events, %d segments; open it at https://pytorch.org/memory_viz\n", *out, word, joinInts(devices), events, segments)
 	return nil
 }
 
@@ -130,20 +122,36 @@ func exportProfile(db *store.DB, tr gpu.Trace, when attrib.Instant, all bool, ou
 	if out == "-" {
 		return attrib.WriteProfile(stdout, l, tr, all)
 	}
-	f, err := os.Create(out)
-	if err != nil {
-		return err
-	}
-	if err := attrib.WriteProfile(f, l, tr, all); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Close(); err != nil {
+	if err := writeFile(out, func(w io.Writer) error { return attrib.WriteProfile(w, l, tr, all) }); err != nil {
 		return err
 	}
 	fmt.Fprintf(stderr, "wrote %s: %d live allocations, %d bytes, %s; read it with go tool pprof -top %s\n",
 		out, len(l.Blocks), l.Bytes(), attrib.AfterEvent(l.Seq), out)
 	return nil
+}
+
+// writeFile writes path whole or not at all: into a file beside it,
+// renamed over it once write has succeeded, so that a failed export
+// leaves no half snapshot behind, nor spoils the file it would replace.
+func writeFile(path string, write func(w io.Writer) error) error {
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
+	if err != nil {
+		return err
+	}
+	err = f.Chmod(0o644) // as os.Create would under the usual umask, not CreateTemp's 0600
+	if err == nil {
+		err = write(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), path)
+	}
+	if err != nil {
+		os.Remove(f.Name())
+	}
+	return err
 }
 
 // checkOutput refuses, before any work, an output path that cannot be

@@ -12,6 +12,7 @@ import (
 	"github.com/google/pprof/profile"
 
 	"vramscope/gpu"
+	"vramscope/internal/hostile"
 	"vramscope/internal/testkit"
 	"vramscope/store"
 )
@@ -445,5 +446,45 @@ func TestExportAndCompareWordingOfRealSnapshots(t *testing.T) {
 	}
 	if strings.Contains(out, "event -1") {
 		t.Errorf("compare says\n%s", out)
+	}
+}
+
+// An export that fails part-way (the disk fills) leaves no half snapshot
+// behind and does not spoil the file it was to replace.
+func TestExportWholeOrNothing(t *testing.T) {
+	db := filepath.Join(t.TempDir(), "v.db")
+	code, out, errs := runCmd("import", testkit.Snapshot(t, "training_22k_user_metadata.pickle"), "--db", db, "--json")
+	if code != 0 {
+		t.Fatal(errs)
+	}
+	var imported struct {
+		Devices []struct {
+			Trace string `json:"trace_id"`
+		} `json:"devices"`
+	}
+	if err := json.Unmarshal([]byte(out), &imported); err != nil || len(imported.Devices) != 1 {
+		t.Fatalf("import said %s (%v)", out, err)
+	}
+	dir := hostile.SmallDisk(t, 4<<20)
+	file := filepath.Join(dir, "t.pickle")
+	if err := os.WriteFile(file, []byte("the last export"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hostile.Fill(t, dir, 8<<10)
+	for _, format := range []string{"pickle", "pprof"} {
+		args := []string{"export", imported.Devices[0].Trace, "--format", format, "-o", file, "--db", db}
+		if format == "pprof" {
+			args = append(args, "--all-frames") // the biggest profile
+		}
+		if code, _, errs := runCmd(args...); code == 0 || !strings.Contains(errs, "no space left") {
+			t.Fatalf("%s export to a full disk: exit %d, %s", format, code, errs)
+		}
+		if b, err := os.ReadFile(file); err != nil || string(b) != "the last export" {
+			t.Fatalf("%s: the file it was to replace holds %.40q (%v)", format, b, err)
+		}
+		names, _ := filepath.Glob(filepath.Join(dir, "*t.pickle*"))
+		if len(names) != 1 {
+			t.Fatalf("%s: left %v", format, names)
+		}
 	}
 }
