@@ -1,12 +1,11 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"vramscope/store"
 )
 
 // A newcomer's mistakes with files each get exit status 2 and a message
@@ -63,19 +62,15 @@ func TestTraceSettingMistakes(t *testing.T) {
 		{[]string{"--workload", "frag", "--capacity", "16"}, "--capacity 16 is 16 bytes, less than one 2.00 MiB segment: give a unit, as in 16GiB"},
 		{[]string{"--workload", "frag", "--capacity", "16GiBs"}, `--capacity: size "16GiBs": unknown unit`},
 		{[]string{"--workload", "frag", "--alloc-conf", "expandable_segments=True"}, "--alloc-conf: Unrecognized CachingAllocator option: expandable_segments=True"},
+		{[]string{"--workload", "frag", "--device", "cuda:1"}, `--device must be sim or cuda (or, with --workload replay, a snapshot's device number), not "cuda:1"`},
 	} {
 		code, _, errs := runCmd(append([]string{"trace", "--db", db, "--quiet"}, tc.args...)...)
 		if code != 2 || !strings.Contains(errs, tc.want) {
 			t.Errorf("trace %v: exit %d, %s; want 2 and %q", tc.args, code, errs, tc.want)
 		}
 	}
-	if s, err := store.Open(db); err != nil {
-		t.Fatal(err)
-	} else if traces, err := s.Traces(); err != nil || len(traces) != 0 {
-		t.Errorf("refused traces stored %d traces, %v", len(traces), err)
-		s.Close()
-	} else {
-		s.Close()
+	if _, err := os.Stat(db); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("refused traces made the database: %v", err)
 	}
 	log := scenarioDLog(t)
 	for _, cmd := range []string{"replay", "whatif"} {

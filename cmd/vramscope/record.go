@@ -140,7 +140,11 @@ func openDevice(kind string, capacity uint64, rs *replay.Stream) (gpu.Device, fu
 		}
 		return d, d.Touch, func() { d.Close() }, nil
 	}
-	return nil, nil, nil, usagef("--device must be sim or cuda (or, with --workload replay, a snapshot's device number), not %q", kind)
+	return nil, nil, nil, deviceKindError(kind)
+}
+
+func deviceKindError(kind string) error {
+	return usagef("--device must be sim or cuda (or, with --workload replay, a snapshot's device number), not %q", kind)
 }
 
 // record runs rec and stores its events; progress, when not nil, gets a

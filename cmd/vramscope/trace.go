@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
@@ -126,6 +127,12 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		if err := c.Check(); err != nil {
 			return usagef("%v", err)
 		}
+	}
+	if _, err := caching.ParseConfig(*conf); err != nil {
+		return usagef("--alloc-conf: %v", err)
+	}
+	if *device != "sim" && *device != "cuda" {
+		return deviceKindError(*device)
 	}
 	if rs == nil {
 		if capBytes, err = parseCapacity(*capacity); err != nil {
