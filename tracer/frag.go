@@ -137,7 +137,14 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 	p, err := env.malloc(want, st("allocate_output", 61))
 	var oom *caching.OutOfMemoryError
 	if errors.As(err, &oom) {
-		env.Notes = append(env.Notes, fmt.Sprintf("frag: %s cached free and %s on the device, yet %s failed",
+		// Counted after the allocator released the free segments it could
+		// and retried, as PyTorch's message counts them.
+		free, _, merr := env.Alloc.Device().MemInfo()
+		if merr != nil {
+			return merr
+		}
+		cached := env.Alloc.Reserved() - env.Alloc.Allocated()
+		env.Notes = append(env.Notes, fmt.Sprintf("frag: %s cached free in split segments and %s on the device, yet %s failed",
 			gpu.FormatBytes(cached), gpu.FormatBytes(free), gpu.FormatBytes(want)))
 		return err
 	}

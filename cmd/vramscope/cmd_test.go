@@ -6,6 +6,7 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -94,6 +95,13 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 	if !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 2.00 GiB") || !strings.Contains(out, "/traces/") ||
 		!strings.Contains(out, "incident 1: http://127.0.0.1:8080/p/") {
 		t.Errorf("output:\n%s", out)
+	}
+	// The workload's note counts as PyTorch's message does.
+	note := regexp.MustCompile(`frag: (\S+ \S+) cached free in split segments and (\S+ \S+) on the device`).FindStringSubmatch(out)
+	free := regexp.MustCompile(`of which (\S+ \S+) is free`).FindStringSubmatch(out)
+	cached := regexp.MustCompile(`and (\S+ \S+) is reserved by PyTorch but unallocated`).FindStringSubmatch(out)
+	if note == nil || free == nil || cached == nil || note[1] != cached[1] || note[2] != free[1] {
+		t.Errorf("the note and the OOM message disagree:\n%s", out)
 	}
 	s, err := store.Open(db)
 	if err != nil {
