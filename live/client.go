@@ -50,6 +50,12 @@ type Client struct {
 	unsent  int         // stacks[unsent:] still to go on this connection
 	known   gpu.StackTable
 	defined map[uint64]bool
+	// Annotations are numbered in the order given; anns holds those from
+	// annBase on that the server has not confirmed stored.
+	anns    []gpu.Annotation
+	annBase int64 // the number of anns[0]: the server has every one before
+	annNext int64 // the number the next annotation gets
+	annSent int64 // those before it went out on this connection
 	ending  bool
 	quit    bool // Abandon: no reconnecting
 	status  gpu.TraceStatus
@@ -159,7 +165,8 @@ func (c *Client) connect() (*websocket.Conn, error) {
 	c.mu.Lock()
 	c.trace = r.Trace
 	c.trim(r.Seq)
-	c.sent, c.unsent = 0, 0
+	c.trimAnnotations(r.Annotations)
+	c.sent, c.unsent, c.annSent = 0, 0, c.annBase
 	c.conn = conn
 	c.mu.Unlock()
 	return conn, nil
@@ -180,6 +187,20 @@ func (c *Client) trim(seq int64) {
 		c.cond.Broadcast()
 	}
 }
+
+// trimAnnotations drops the annotations the server says it has: the first n.
+func (c *Client) trimAnnotations(n int64) {
+	if n <= c.annBase {
+		return
+	}
+	drop := min(n-c.annBase, int64(len(c.anns)))
+	c.anns = append(c.anns[:0], c.anns[drop:]...)
+	c.annBase = n
+	c.annSent = max(c.annSent, n)
+}
+
+// unsentAnnotations says whether annotations wait to go on this connection.
+func (c *Client) unsentAnnotations() bool { return c.annSent < c.annBase+int64(len(c.anns)) }
 
 // run keeps the stream going across reconnects until it ends.
 func (c *Client) run(conn *websocket.Conn) {
@@ -229,12 +250,30 @@ func (c *Client) serve(conn *websocket.Conn) (finished bool, err error) {
 	var buf []byte
 	for {
 		c.mu.Lock()
-		for c.sent == len(c.pending) && c.unsent == len(c.stacks) && !c.ending && c.conn == conn {
+		for c.sent == len(c.pending) && c.unsent == len(c.stacks) && !c.unsentAnnotations() && !c.ending && c.conn == conn {
 			c.cond.Wait()
 		}
 		if c.conn != conn { // the reader saw the connection end
 			c.mu.Unlock()
 			return c.finish(readErr)
+		}
+		if c.unsentAnnotations() {
+			// Annotations go as a text message of their own: the
+			// binary form has no place for them.
+			from := c.annSent - c.annBase
+			to := min(int64(len(c.anns)), from+int64(c.opt.MaxBatch))
+			msg := jsonBatch{Type: "events", Annotations: make([]jsonAnnotation, 0, to-from)}
+			for _, a := range c.anns[from:to] {
+				msg.Annotations = append(msg.Annotations, jsonAnnotation{TimeUS: a.TimeUS, Stage: a.Stage, Name: a.Name})
+			}
+			c.annSent = c.annBase + to
+			c.mu.Unlock()
+			conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+			if err := conn.WriteJSON(msg); err != nil {
+				conn.Close()
+				return c.finish(readErr)
+			}
+			continue
 		}
 		if c.sent == len(c.pending) && c.unsent == len(c.stacks) && c.ending {
 			status := c.status
@@ -288,6 +327,7 @@ func (c *Client) readAcks(conn *websocket.Conn) error {
 		case "ack":
 			c.mu.Lock()
 			c.trim(r.Seq)
+			c.trimAnnotations(r.Annotations)
 			c.mu.Unlock()
 		case "done":
 			c.mu.Lock()
@@ -323,6 +363,24 @@ func (c *Client) over() bool {
 	default:
 		return false
 	}
+}
+
+// Annotate queues annotations of the job (gpu.Annotator): its steps and
+// phases, which the trace's regions are read from. Those an earlier
+// connection of the trace stored already (a resend) are dropped.
+func (c *Client) Annotate(anns ...gpu.Annotation) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.over() || c.ending {
+		return
+	}
+	for _, a := range anns {
+		if c.annNext >= c.annBase {
+			c.anns = append(c.anns, a)
+		}
+		c.annNext++
+	}
+	c.cond.Broadcast()
 }
 
 // Stack interns s and returns its id on this stream (gpu.Stacks).
@@ -384,8 +442,8 @@ func (c *Client) Acked() int64 {
 	return c.acked
 }
 
-// Tee sends events both to a local sink and to the server, under the local
-// sink's stack ids.
+// Tee sends events (and annotations, when the local sink takes them) both
+// to a local sink and to the server, under the local sink's stack ids.
 type Tee struct {
 	local gpu.Recorder
 	c     *Client
@@ -406,4 +464,13 @@ func (t *Tee) Stack(s gpu.Stack) gpu.StackID {
 func (t *Tee) Emit(batch []gpu.Event) {
 	t.local.Emit(batch)
 	t.c.Emit(batch)
+}
+
+// Annotate writes annotations locally, when the local sink takes them, and
+// to the server.
+func (t *Tee) Annotate(anns ...gpu.Annotation) {
+	if a, ok := t.local.(gpu.Annotator); ok {
+		a.Annotate(anns...)
+	}
+	t.c.Annotate(anns...)
 }

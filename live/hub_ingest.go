@@ -54,9 +54,12 @@ type ingestConn struct {
 	t    *topic
 	done chan struct{} // closed once the connection has closed its writer
 
-	mu    sync.Mutex // guards state, read by the flusher
+	mu    sync.Mutex // guards state and anns, read by the flusher
 	state Tail
-	fresh bool // no event stored yet: the first may have any seq from 0 up
+	fresh bool  // no event stored yet: the first may have any seq from 0 up
+	anns  int64 // annotations the trace has, stored or pending
+
+	device int // the trace's device, which its annotations are of
 
 	ids map[uint64]gpu.StackID // the client's stack ids to the writer's
 	msg message                // the message being stored
@@ -95,15 +98,21 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	defer s.t.unclaim(s)
 	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
 	s.fresh = tr.Events == 0
+	s.device = tr.DeviceOrdinal
+	if s.anns, err = s.storedAnnotations(hi.Trace); err != nil {
+		s.finish(gpu.StatusIncomplete)
+		reject(c, h.opt.WriteWait, "%v", err)
+		return
+	}
 	s.t.publish(s.state)
 
 	c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
-	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: tr.LastSeq, URL: "/traces/" + tr.ID}); err != nil {
+	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: tr.LastSeq, Annotations: s.anns, URL: "/traces/" + tr.ID}); err != nil {
 		s.finish(gpu.StatusIncomplete)
 		return
 	}
 	stop, stopped := make(chan struct{}), make(chan struct{})
-	go s.flusher(tr.LastSeq, stop, stopped)
+	go s.flusher(tr.LastSeq, s.anns, stop, stopped)
 	end, status, perr := s.read()
 	close(stop)
 	<-stopped
@@ -181,6 +190,16 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	s.t = h.topic(w.ID())
 	s.t.claim(s)
 	return h.db.Trace(w.ID())
+}
+
+// storedAnnotations counts the annotations of the trace a resuming hello
+// names (none for a new trace): the client sends those after them.
+func (s *ingestConn) storedAnnotations(resumed string) (int64, error) {
+	if resumed == "" {
+		return 0, nil
+	}
+	marks, err := s.h.db.Marks(resumed)
+	return int64(len(marks)), err
 }
 
 // joinRun stores the upload of a live trace that is a rank of a run.
@@ -298,15 +317,20 @@ func (s *ingestConn) store() error {
 			return err
 		}
 	}
+	for i := range s.msg.anns {
+		s.msg.anns[i].Device = s.device
+	}
+	s.w.Annotate(s.msg.anns...)
 	s.mu.Lock()
 	s.state, s.fresh = st, fresh
+	s.anns += int64(len(s.msg.anns))
 	s.mu.Unlock()
 	return nil
 }
 
 // flusher commits every FlushEvery, then tells viewers and acknowledges;
 // it is the connection's only writer until it stops.
-func (s *ingestConn) flusher(flushed int64, stop <-chan struct{}, stopped chan<- struct{}) {
+func (s *ingestConn) flusher(flushed, flushedAnns int64, stop <-chan struct{}, stopped chan<- struct{}) {
 	defer close(stopped)
 	tick := time.NewTicker(s.h.opt.FlushEvery)
 	defer tick.Stop()
@@ -323,19 +347,19 @@ func (s *ingestConn) flusher(flushed int64, stop <-chan struct{}, stopped chan<-
 			}
 		case <-tick.C:
 			s.mu.Lock()
-			st := s.state
+			st, anns := s.state, s.anns
 			s.mu.Unlock()
-			if st.Seq == flushed {
+			if st.Seq == flushed && anns == flushedAnns {
 				continue
 			}
 			if err := s.w.Flush(); err != nil {
 				s.c.Close() // the reader stops and reports the writer's error
 				return
 			}
-			flushed = st.Seq
+			flushed, flushedAnns = st.Seq, anns
 			s.t.publish(st)
 			s.c.SetWriteDeadline(time.Now().Add(s.h.opt.WriteWait))
-			if s.c.WriteJSON(reply{Type: "ack", Seq: st.Seq}) != nil {
+			if s.c.WriteJSON(reply{Type: "ack", Seq: st.Seq, Annotations: anns}) != nil {
 				s.c.Close()
 				return
 			}

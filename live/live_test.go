@@ -54,11 +54,28 @@ func newTestServer(t testing.TB, opt Options) *testServer {
 	return &testServer{db, hub, srv}
 }
 
-// workload is a real allocator run: its events and stacks.
+// workload is a real allocator run: its events, stacks and annotations
+// (its steps and phases).
 type workload struct {
 	events []gpu.Event
 	stacks []gpu.Stack
 	ids    gpu.StackTable
+	anns   []gpu.Annotation
+}
+
+func (w *workload) Annotate(anns ...gpu.Annotation) { w.anns = append(w.anns, anns...) }
+
+// until is w's first n events, its stacks and the annotations up to the
+// last of those events.
+func (w *workload) until(n int) *workload {
+	last := w.events[n-1].TimeUS
+	part := &workload{events: w.events[:n], stacks: w.stacks}
+	for _, a := range w.anns {
+		if a.TimeUS <= last {
+			part.anns = append(part.anns, a)
+		}
+	}
+	return part
 }
 
 func (w *workload) Stack(s gpu.Stack) gpu.StackID {
@@ -85,25 +102,34 @@ func train(t testing.TB) *workload {
 		}
 		w := tracer.DefaultTrain()
 		w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 6, 512, 8192, 4, 256, 30
-		if err := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: &trainRun}); err != nil {
+		if err := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: &trainRun, Annotations: &trainRun}); err != nil {
 			panic(err)
 		}
 	})
-	if len(trainRun.events) < 1000 {
-		t.Fatalf("the workload made only %d events", len(trainRun.events))
+	if len(trainRun.events) < 1000 || len(trainRun.anns) < 100 {
+		t.Fatalf("the workload made only %d events and %d annotations", len(trainRun.events), len(trainRun.anns))
 	}
 	return &trainRun
 }
 
-// send streams w's events through c in batches of n, defining stacks as a
-// tracer would.
+// send streams w's events through c in batches of n, defining stacks and
+// annotating as a tracer would.
 func send(c *Client, w *workload, n int) {
 	for _, s := range w.stacks {
 		c.Stack(s)
 	}
+	anns := w.anns
 	for i := 0; i < len(w.events); i += n {
-		c.Emit(w.events[i:min(i+n, len(w.events))])
+		batch := w.events[i:min(i+n, len(w.events))]
+		c.Emit(batch)
+		k := 0
+		for k < len(anns) && anns[k].TimeUS <= batch[len(batch)-1].TimeUS {
+			k++
+		}
+		c.Annotate(anns[:k]...)
+		anns = anns[k:]
 	}
+	c.Annotate(anns...)
 }
 
 // checkStored says whether the trace holds exactly w's events, in order.
@@ -136,6 +162,18 @@ func checkStored(t *testing.T, db *store.DB, id string, w *workload) {
 			if ws := w.stacks[want.Stack-1]; len(st) != len(ws) || st[0] != ws[0] {
 				t.Fatalf("event %d: stored stack %v, sent %v", i, st, ws)
 			}
+		}
+	}
+	anns, err := db.Annotations(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(anns) != len(w.anns) {
+		t.Fatalf("stored %d annotations, sent %d", len(anns), len(w.anns))
+	}
+	for i, a := range anns {
+		if a != w.anns[i] {
+			t.Fatalf("annotation %d: stored %+v, sent %+v", i, a, w.anns[i])
 		}
 	}
 }
@@ -268,7 +306,7 @@ func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := &workload{events: w.events[:half], stacks: w.stacks}
+	first := w.until(half)
 	send(c, first, 500)
 	id := c.TraceID()
 	// Wait for everything to be acknowledged, then drop the connection.
@@ -460,6 +498,9 @@ func TestJSONEventsAndRefusals(t *testing.T) {
 		{"seq": 12, "time_us": 102, "action": "annotate", "addr": 1 << 21, "size": 0, "stream": 0},
 		{"seq": 13, "time_us": 103, "action": "free_requested", "addr": 1 << 21, "size": 1000, "stream": 0, "frames": frames},
 	}})
+	// Annotations ride in a text message, of the trace's device.
+	must(map[string]any{"type": "events", "annotations": []map[string]any{
+		{"time_us": 100, "stage": "START", "name": "ProfilerStep#0"}, {"time_us": 103, "stage": "END", "name": "ProfilerStep#0"}}})
 	// A gap is refused with a reason.
 	must(map[string]any{"type": "events", "events": []map[string]any{
 		{"seq": 20, "time_us": 110, "action": "free_completed", "addr": 1 << 21, "size": 1000, "stream": 0}}})
@@ -489,6 +530,26 @@ func TestJSONEventsAndRefusals(t *testing.T) {
 	}
 	if len(evs) != 3 || evs[0].Seq != 10 || evs[2].Seq != 13 || evs[1].Stack == 0 || evs[1].Stack != evs[2].Stack {
 		t.Fatalf("stored %v", evs)
+	}
+	if anns, err := ts.db.Annotations(id); err != nil || len(anns) != 2 || anns[1] != (gpu.Annotation{TimeUS: 103, Stage: "END", Name: "ProfilerStep#0"}) {
+		t.Fatalf("stored annotations %+v (%v)", anns, err)
+	}
+
+	// An annotation of an unknown stage is refused, naming it.
+	conn2, _, err := websocket.DefaultDialer.Dial(url, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close()
+	conn2.WriteJSON(map[string]any{"type": "hello", "meta": map[string]any{"name": "py"}})
+	conn2.WriteJSON(map[string]any{"type": "events", "annotations": []map[string]any{{"time_us": 1, "stage": "BEGIN", "name": "step"}}})
+	for r.Type = ""; r.Type != "error"; {
+		if err := conn2.ReadJSON(&r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if want := `annotations[0] ("step"): stage "BEGIN" is neither START nor END`; r.Error != want {
+		t.Fatalf("refused with %q, want %q", r.Error, want)
 	}
 }
 

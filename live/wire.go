@@ -23,13 +23,18 @@
 //
 // (the events are PyTorch trace entries plus "seq"; an entry may carry its
 // own "frames" instead of a "stack") or as binary messages in the compact
-// form of AppendBatch. Stack ids are the client's own and hold for one
+// form of AppendBatch. A text events message may also carry the job's
+// annotations (its steps and phases, as a snapshot's
+// external_annotations), "annotations":[{"time_us":..,"stage":"START"|"END",
+// "name":..}], numbered in the order sent from 0: "ready" and every "ack"
+// say how many the server has ("annotations":A, absent for none), and after
+// a reconnect the client sends those after them. Stack ids are the client's own and hold for one
 // connection: after a reconnect the client defines them again. Sequence
 // numbers are not negative and must follow one another without gaps; events
 // at or below the last stored one are dropped, so a resend after a reconnect
 // never duplicates.
-// The server answers {"type":"ack","seq":N} whenever events up to N are
-// committed, ends with {"type":"done","seq":N} after the client's
+// The server answers {"type":"ack","seq":N,"annotations":A} whenever
+// events up to N (and A annotations) are committed, ends with {"type":"done","seq":N} after the client's
 // {"type":"end","status":"complete"|"failed"}, and sends
 // {"type":"error","error":"..."} before closing on anything it refuses.
 // A connection that drops leaves the trace incomplete, ready to resume.
@@ -97,11 +102,12 @@ func (r *RunJoin) check() error {
 
 // reply is every message the server sends an ingest client.
 type reply struct {
-	Type  string `json:"type"`
-	Trace string `json:"trace,omitempty"`
-	Seq   int64  `json:"seq"`
-	URL   string `json:"url,omitempty"`
-	Error string `json:"error,omitempty"`
+	Type        string `json:"type"`
+	Trace       string `json:"trace,omitempty"`
+	Seq         int64  `json:"seq"`
+	Annotations int64  `json:"annotations,omitempty"` // how many the server has
+	URL         string `json:"url,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
 // jsonEvent is a PyTorch trace entry plus its sequence number.
@@ -117,12 +123,21 @@ type jsonEvent struct {
 	Frames     gpu.Stack `json:"frames"`
 }
 
+// jsonAnnotation is an annotation as a snapshot's external_annotations
+// write it, less the device (the trace's).
+type jsonAnnotation struct {
+	TimeUS int64  `json:"time_us"`
+	Stage  string `json:"stage"`
+	Name   string `json:"name"`
+}
+
 // jsonBatch is a text events message (and the text end message).
 type jsonBatch struct {
-	Type   string               `json:"type"`
-	Stacks map[string]gpu.Stack `json:"stacks"`
-	Events []jsonEvent          `json:"events"`
-	Status string               `json:"status"`
+	Type        string               `json:"type"`
+	Stacks      map[string]gpu.Stack `json:"stacks,omitempty"`
+	Events      []jsonEvent          `json:"events,omitempty"`
+	Annotations []jsonAnnotation     `json:"annotations,omitempty"`
+	Status      string               `json:"status,omitempty"`
 }
 
 // Tail is the message viewers get.
@@ -297,6 +312,7 @@ type message struct {
 	defs   []StackDef
 	events []gpu.Event
 	frames []gpu.Stack // per event, its own frames; nil when no event has any
+	anns   []gpu.Annotation
 }
 
 // decode reads a websocket message of type typ into m, reusing its
@@ -304,7 +320,7 @@ type message struct {
 // connection caps.
 func (m *message) decode(typ int, msg []byte) error {
 	m.end, m.status = false, ""
-	m.defs, m.events, m.frames = m.defs[:0], m.events[:0], nil
+	m.defs, m.events, m.frames, m.anns = m.defs[:0], m.events[:0], nil, m.anns[:0]
 	if typ == websocket.BinaryMessage {
 		var err error
 		m.defs, m.events, err = ParseBatch(msg, m.defs, m.events)
@@ -353,6 +369,12 @@ func (m *message) decode(typ int, msg []byte) error {
 			m.frames[i] = je.Frames
 		}
 	}
+	for i, a := range b.Annotations {
+		if a.Stage != "START" && a.Stage != "END" {
+			return fmt.Errorf("annotations[%d] (%q): stage %q is neither START nor END", i, a.Name, a.Stage)
+		}
+		m.anns = append(m.anns, gpu.Annotation{TimeUS: a.TimeUS, Stage: a.Stage, Name: a.Name})
+	}
 	return nil
 }
 
@@ -367,6 +389,9 @@ func (m *message) release() {
 	}
 	if cap(m.defs) > keptEvents {
 		m.defs = nil
+	}
+	if cap(m.anns) > keptEvents {
+		m.anns = nil
 	}
 	m.frames = nil
 }

@@ -205,6 +205,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 		return out, err
 	}
 	var local gpu.Recorder = w
+	var annotations gpu.Annotator = w
 	var stream *live.Client
 	if rec.Live != "" {
 		opt := live.ClientOptions{Meta: meta}
@@ -223,12 +224,13 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 			return out, err
 		}
 		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
-		local = stream.Tee(w)
+		tee := stream.Tee(w)
+		local, annotations = tee, tee
 	}
 	f := initial.Figures()
 	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}
 	gate.open(sink, a.Seq())
-	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch, Annotations: w}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch, Annotations: annotations}
 
 	done := make(chan struct{})
 	if progress != nil {
