@@ -11,6 +11,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 	"vramscope/ingest"
 	"vramscope/pytorch"
 	"vramscope/store"
@@ -169,6 +170,15 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	if err != nil {
 		return gpu.Trace{}, err
 	}
+	if initial == nil {
+		// The trace's layout follows the rules its settings give, as the
+		// job's allocator did.
+		cfg, err := caching.ParseConfig(meta.Settings)
+		if err != nil {
+			return gpu.Trace{}, fmt.Errorf("hello: meta: allocator_settings %q: %v", meta.Settings, err)
+		}
+		initial = gpu.NewLayout(cfg.Rules)
+	}
 	if hi.Run != nil {
 		if meta.Upload, err = h.joinRun(hi.Run, &meta, initial); err != nil {
 			return gpu.Trace{}, err
@@ -207,11 +217,7 @@ func (h *Hub) joinRun(run *RunJoin, meta *gpu.TraceMeta, initial *gpu.Layout) (s
 	if err := run.check(); err != nil {
 		return "", err
 	}
-	rules := gpu.DefaultRules()
-	if initial != nil {
-		rules = initial.Rules
-	}
-	u, err := ingest.RecordedUpload(meta.Name, meta.Settings, rules)
+	u, err := ingest.RecordedUpload(meta.Name, meta.Settings, initial.Rules)
 	if err != nil {
 		return "", err
 	}

@@ -132,6 +132,24 @@ func TestHelloBadSettings(t *testing.T) {
 	}
 }
 
+// A hello's settings give the trace's rules, as the job's allocator had
+// them: what its layouts and figures are read under.
+func TestHelloSettingsGiveTheRules(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: gpu.TraceMeta{Name: "x", Settings: "max_split_size_mb:256,expandable_segments:True"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(gpu.StatusComplete)
+	tr, err := ts.db.Trace(c.TraceID())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Rules.MaxSplitSize != 256<<20 || !tr.Rules.Expandable {
+		t.Fatalf("rules %+v", tr.Rules)
+	}
+}
+
 // Live traces that never got an event go once EmptyExpiry has passed;
 // those with events stay.
 func TestEmptyLiveTracesExpire(t *testing.T) {

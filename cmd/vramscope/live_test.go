@@ -1,0 +1,117 @@
+package main
+
+import (
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"path/filepath"
+	"reflect"
+	"regexp"
+	"strings"
+	"testing"
+
+	"vramscope/gpu"
+	"vramscope/internal/testkit"
+	"vramscope/server"
+	"vramscope/store"
+)
+
+// trace --live stores on the server what it records locally: the same
+// events with the same stacks, the same annotations (steps and phases),
+// figures and OOMs.
+func TestTraceLiveStoresWhatItRecords(t *testing.T) {
+	remote := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: remote, Addr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).Handler())
+	t.Cleanup(srv.Close)
+	for _, args := range [][]string{
+		{"--workload", "train", "--steps", "2", "--layers", "4", "--hidden", "1024"},
+		{"--workload", "frag", "--capacity", "8GiB"}, // runs out of memory
+		{"--workload", "frag", "--capacity", "8GiB", "--alloc-conf", "max_split_size_mb:256"},
+	} {
+		t.Run(strings.Join(args[1:], " "), func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "v.db")
+			code, out, errs := runCmd(append([]string{"trace", "--db", path, "--live", srv.URL, "--quiet"}, args...)...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s\n%s", code, errs, out)
+			}
+			m := regexp.MustCompile(`(?s)^trace (\S+):.*\nlive: \S+/traces/(\S+)\n`).FindStringSubmatch(out)
+			if m == nil {
+				t.Fatalf("no trace and live lines in\n%s", out)
+			}
+			local, err := store.Open(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer local.Close()
+			sameTrace(t, local, m[1], remote, m[2])
+		})
+	}
+}
+
+// sameTrace fails unless trace a of db x and trace b of db y hold the same
+// recording.
+func sameTrace(t *testing.T, x *store.DB, a string, y *store.DB, b string) {
+	t.Helper()
+	ta, err := x.Trace(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb, err := y.Trace(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb.Source != gpu.SourceLive {
+		t.Errorf("the server's trace is a %s trace", tb.Source)
+	}
+	ta.ID, ta.Source, ta.Upload, ta.Created = tb.ID, tb.Source, tb.Upload, tb.Created
+	if !reflect.DeepEqual(ta, tb) {
+		t.Errorf("traces differ:\nlocal %+v\nlive  %+v", ta, tb)
+	}
+	ea, err := x.Events(a, 0, ta.LastSeq+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eb, err := y.Events(b, 0, tb.LastSeq+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ea) != len(eb) || len(ea) == 0 {
+		t.Fatalf("local %d events, live %d", len(ea), len(eb))
+	}
+	for i := range ea {
+		sa, err := x.Stack(a, ea[i].Stack)
+		if err != nil && ea[i].Stack != 0 {
+			t.Fatal(err)
+		}
+		sb, err := y.Stack(b, eb[i].Stack)
+		if err != nil && eb[i].Stack != 0 {
+			t.Fatal(err)
+		}
+		ea[i].Stack, eb[i].Stack = 0, 0
+		if ea[i] != eb[i] || !reflect.DeepEqual(sa, sb) {
+			t.Fatalf("event %d: local %+v %v, live %+v %v", i, ea[i], sa, eb[i], sb)
+		}
+	}
+	aa, err := x.Annotations(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ab, err := y.Annotations(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(aa) == 0 || !reflect.DeepEqual(aa, ab) {
+		t.Errorf("local %d annotations, live %d", len(aa), len(ab))
+	}
+	ia, err := x.Incidents(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ib, err := y.Incidents(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ia) != len(ib) || len(ia) != int(ta.OOMs) {
+		t.Errorf("local %d incidents, live %d, OOMs %d", len(ia), len(ib), ta.OOMs)
+	}
+}
