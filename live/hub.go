@@ -83,10 +83,27 @@ type Hub struct {
 func NewHub(db *store.DB, opt Options) *Hub {
 	opt.defaults()
 	h := &Hub{db: db, opt: opt, topics: map[string]*topic{}, conns: map[*websocket.Conn]struct{}{}, stop: make(chan struct{}),
-		up: websocket.Upgrader{ReadBufferSize: 64 << 10, WriteBufferSize: 4 << 10, WriteBufferPool: &sync.Pool{}}}
+		up: websocket.Upgrader{ReadBufferSize: 64 << 10, WriteBufferSize: 4 << 10, WriteBufferPool: &sync.Pool{}, Error: refuseUpgrade}}
 	h.wg.Add(1)
 	go h.sweep(min(time.Minute, opt.EmptyExpiry/2))
 	return h
+}
+
+// refuseUpgrade answers a request the websocket upgrade refuses: a JSON
+// error saying why, as every other refusal of the server.
+func refuseUpgrade(w http.ResponseWriter, r *http.Request, status int, reason error) {
+	msg := fmt.Sprintf("%s: %v", r.URL.Path, reason)
+	if status == http.StatusForbidden {
+		msg = fmt.Sprintf("%s: origin %q is not this server's (%s): a page of another site may not open its websockets",
+			r.URL.Path, r.Header.Get("Origin"), r.Host)
+	}
+	httpError(w, status, msg)
+}
+
+func httpError(w http.ResponseWriter, status int, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]string{"error": msg})
 }
 
 // sweep deletes the expired empty live traces every period.
@@ -240,10 +257,8 @@ func (h *Hub) ServeIngest(w http.ResponseWriter, r *http.Request) {
 	}
 	h.mu.Unlock()
 	if full {
-		w.Header().Set("Content-Type", "application/json")
 		w.Header().Set("Retry-After", "10")
-		w.WriteHeader(http.StatusServiceUnavailable)
-		json.NewEncoder(w).Encode(map[string]string{"error": fmt.Sprintf("this server takes %d live streams at once, and has them", h.opt.MaxStreams)})
+		httpError(w, http.StatusServiceUnavailable, fmt.Sprintf("this server takes %d live streams at once, and has them", h.opt.MaxStreams))
 		return
 	}
 	defer func() {

@@ -84,8 +84,16 @@ func (h *Hub) ingest(c *websocket.Conn) {
 		return
 	}
 	var hi hello
-	if typ != websocket.TextMessage || json.Unmarshal(msg, &hi) != nil || hi.Type != "hello" {
-		reject(c, h.opt.WriteWait, `the first message must be {"type":"hello",...}`)
+	if typ != websocket.TextMessage {
+		reject(c, h.opt.WriteWait, `the first message must be a text {"type":"hello",...}, not a binary message`)
+		return
+	}
+	if err := json.Unmarshal(msg, &hi); err != nil {
+		reject(c, h.opt.WriteWait, "hello: %v", err)
+		return
+	}
+	if hi.Type != "hello" {
+		reject(c, h.opt.WriteWait, `the first message must be {"type":"hello",...}, not type %q`, hi.Type)
 		return
 	}
 	s := &ingestConn{h: h, c: c, done: make(chan struct{}), ids: map[uint64]gpu.StackID{}}
@@ -143,7 +151,7 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 			return tr, err
 		}
 		if tr.Source != gpu.SourceLive {
-			return tr, fmt.Errorf("trace %s is a %s trace; only live traces can be resumed", tr.ID, tr.Source)
+			return tr, fmt.Errorf("trace %s did not come from a live stream (its source is %q); only live traces can be resumed", tr.ID, tr.Source)
 		}
 		s.t = h.topic(tr.ID)
 		if err := s.t.claim(s); err != nil {

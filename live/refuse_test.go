@@ -143,3 +143,37 @@ func TestIngestRefusesNegativeSeq(t *testing.T) {
 		}
 	}
 }
+
+// A hello that is not one is refused saying what is wrong with it: which
+// field does not parse, which type it has, that it is binary.
+func TestBadHelloSaysWhy(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	other, err := ts.db.CreateTrace(gpu.TraceMeta{Name: "recorded", Source: gpu.SourceTrace}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := other.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		typ       int
+		msg, want string
+	}{
+		{websocket.TextMessage, `{"type":"hello","meta":{"name":"x","capacity_bytes":-1}}`, "hello: json: cannot unmarshal number -1 into Go struct field TraceMeta.meta.capacity_bytes of type uint64"},
+		{websocket.TextMessage, `{"type":"hel`, "hello: unexpected end of JSON input"},
+		{websocket.TextMessage, `{"type":"events"}`, `the first message must be {"type":"hello",...}, not type "events"`},
+		{websocket.BinaryMessage, string(AppendBatch(nil, nil, nil)), "the first message must be a text {\"type\":\"hello\",...}, not a binary message"},
+		{websocket.TextMessage, `{"type":"hello","trace":"` + other.ID() + `"}`, `trace ` + other.ID() + ` did not come from a live stream (its source is "trace"); only live traces can be resumed`},
+	} {
+		conn, _, err := websocket.DefaultDialer.Dial(wsURL(ts), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.WriteMessage(c.typ, []byte(c.msg))
+		var r reply
+		if err := conn.ReadJSON(&r); err != nil || r.Type != "error" || r.Error != c.want {
+			t.Errorf("%s: got %+v (%v), want %q", c.msg, r, err, c.want)
+		}
+		conn.Close()
+	}
+}

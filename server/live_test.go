@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -52,5 +53,43 @@ func TestLiveIngestNeedsTheToken(t *testing.T) {
 	}
 	if tr, err := db.Trace(c.TraceID()); err != nil || tr.Events != 2 || tr.Status != gpu.StatusComplete {
 		t.Fatalf("stored %+v (%v)", tr, err)
+	}
+}
+
+// What the websocket upgrade refuses is a JSON error saying why: a plain
+// GET, a page of another site (its origin), on ingest and viewers alike.
+func TestLiveUpgradeRefusalsSayWhy(t *testing.T) {
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(New(Options{DB: db, Addr: "127.0.0.1:0", Logger: quietLogger()}).Handler())
+	t.Cleanup(srv.Close)
+	c, err := live.Dial(srv.URL, "", live.ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(gpu.StatusComplete)
+	ws := "ws" + strings.TrimPrefix(srv.URL, "http")
+	for _, path := range []string{"/ws/ingest", "/ws/traces/" + c.TraceID()} {
+		res, err := http.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var body struct{ Error string }
+		json.NewDecoder(res.Body).Decode(&body)
+		res.Body.Close()
+		if res.StatusCode != http.StatusBadRequest || res.Header.Get("Content-Type") != "application/json" ||
+			!strings.Contains(body.Error, path+": websocket: the client is not using the websocket protocol") {
+			t.Errorf("GET %s: %d %q %q", path, res.StatusCode, res.Header.Get("Content-Type"), body.Error)
+		}
+
+		_, res, err = websocket.DefaultDialer.Dial(ws+path, http.Header{"Origin": {"http://evil.example"}})
+		if err == nil || res == nil {
+			t.Fatalf("%s from another origin: %v", path, err)
+		}
+		body.Error = ""
+		json.NewDecoder(res.Body).Decode(&body)
+		want := path + `: origin "http://evil.example" is not this server's (` + strings.TrimPrefix(srv.URL, "http://") + `): a page of another site may not open its websockets`
+		if res.StatusCode != http.StatusForbidden || body.Error != want {
+			t.Errorf("%s from another origin: %d %q", path, res.StatusCode, body.Error)
+		}
 	}
 }
