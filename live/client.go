@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -133,7 +134,18 @@ func (c *Client) connect() (*websocket.Conn, error) {
 			return nil, &FatalError{"401 Unauthorized: wrong or missing token"}
 		}
 		if resp != nil && resp.StatusCode >= 400 {
-			return nil, &FatalError{resp.Status}
+			// The server's JSON error says why, where it sent one.
+			why := resp.Status
+			var body struct{ Error string }
+			if json.NewDecoder(io.LimitReader(resp.Body, 4<<10)).Decode(&body) == nil && body.Error != "" {
+				why += ": " + body.Error
+			}
+			if resp.StatusCode < 500 {
+				return nil, &FatalError{why}
+			}
+			// A server busy or restarting (503 with Retry-After, a
+			// proxy's 502) may take the stream in a moment.
+			return nil, fmt.Errorf("live: %s: %s", c.url, why)
 		}
 		return nil, fmt.Errorf("live: %s: %w", c.url, err)
 	}

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"runtime/metrics"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +17,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 )
 
 func wsURL(ts *testServer) string {
@@ -200,4 +203,35 @@ func FuzzDecodeMessage(f *testing.F) {
 			t.Fatalf("a batch changed through encode and decode")
 		}
 	})
+}
+
+// A server that answers a reconnect with 503 (busy, or a proxy's answer
+// while it restarts) is tried again; a 4xx ends the stream at once.
+func TestReconnectWaitsOutA503(t *testing.T) {
+	db := testkit.OpenDB(t)
+	hub := NewHub(db, Options{FlushEvery: 10 * time.Millisecond})
+	var attempts atomic.Int32
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n := attempts.Add(1); n == 2 || n == 3 {
+			httpError(w, http.StatusServiceUnavailable, "restarting")
+			return
+		}
+		hub.ServeIngest(w, r)
+	}))
+	t.Cleanup(func() { hub.Close(); srv.Close() })
+	w := train(t)
+	// The first connection is cut inside its second batch.
+	p := newProxy(t, strings.TrimPrefix(srv.URL, "http://"), 100_001)
+	c, err := Dial("http://"+p.ln.Addr().String(), "", ClientOptions{MaxBatch: 2000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c, w, 1000)
+	if err := c.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if n := attempts.Load(); n < 4 || p.cuts.Load() != 1 {
+		t.Fatalf("%d connections, %d cut", n, p.cuts.Load())
+	}
+	checkStored(t, db, c.TraceID(), w)
 }
