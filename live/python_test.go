@@ -1,8 +1,10 @@
 package live_test
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -10,6 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gorilla/websocket"
 
@@ -209,5 +212,28 @@ func TestPythonWatchRanks(t *testing.T) {
 	}
 	if r, _ := db.Run(runs[0]); r.WorldSize != 2 || len(r.Ranks) != 2 {
 		t.Errorf("run %+v", r)
+	}
+}
+
+// watch() against a server that is not there raises after one try, as
+// Dial does, instead of holding the job up retrying.
+func TestPythonWatchUnreachable(t *testing.T) {
+	py := python(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	helper, _ := filepath.Abs("python")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, py, "testdata/watch_unreachable.py", helper, url).CombinedOutput()
+	t.Logf("driver:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(out), "raised vramscope: server unreachable: ") || !strings.Contains(string(out), "tries 1\n") {
+		t.Fatal("watch() did not raise after one try")
 	}
 }

@@ -435,7 +435,9 @@ class Watcher:
     def start(self):
         self._start_recording(self.max_entries)
         self._begin(self._snapshot())
-        self._send()
+        # The first connection is tried once: a server that is not there
+        # is the caller's to hear of now, not after a minute of retries.
+        self._send(retry_for=0)
         self.thread = threading.Thread(target=self._run, name="vramscope-watch", daemon=True)
         self.thread.start()
         atexit.register(self.close)
@@ -477,7 +479,10 @@ class Watcher:
 
 def watch(url, token=None, **kw):
     """Starts watching this process's CUDA memory; returns the Watcher
-    (close() ends the trace; it also ends when the process exits).
+    (close() ends the trace; it also ends when the process exits). Raises
+    ConnectionError at once when the server cannot be reached, ServerError
+    when it refuses the stream (a wrong token, say); later drops are
+    retried in the background.
 
     In a job of several ranks, run="NAME" (or $VRAMSCOPE_RUN, or torchrun's
     rendezvous id) makes every rank's trace part of one run on the server;
