@@ -120,3 +120,51 @@ func TestBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
 		t.Errorf("%q", shown)
 	}
 }
+
+// The run page says which ranks are still streaming and which streams
+// ended early: neither is a whole trace.
+func TestBrowserRunOfLiveRanks(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
+	dir := shotDir(t)
+	rank := func(r int, size uint64) *live.Client {
+		c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: gpu.TraceMeta{Name: "job", DeviceName: "simulated", Capacity: 16 << 30},
+			Run: &live.RunJoin{Name: "job", Rank: r, WorldSize: 2}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Emit([]gpu.Event{
+			{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 30, Size: size},
+			{Seq: 1, TimeUS: 1000, Action: gpu.ActionAlloc, Addr: 1 << 30, Size: size},
+		})
+		for c.Acked() < 1 {
+			time.Sleep(10 * time.Millisecond)
+		}
+		return c
+	}
+	streaming := rank(0, 4<<30)
+	cut := rank(1, 2<<30)
+	cut.Abandon()
+	run, ok, err := f.db.RunOf(mustTrace(t, f, cut.TraceID()).Upload)
+	if err != nil || !ok {
+		t.Fatalf("no run: %v", err)
+	}
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/runs/"+run.ID))
+	waitFor(t, ctx, "the ranks' statuses", `[...document.querySelectorAll("#peaks li")].map(li => li.querySelector(".badge.status")?.textContent ?? "").join() === "live,incomplete"`)
+	screenshot(t, ctx, dir, "run-live-ranks")
+
+	if err := streaming.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	within(t, ctx, "reload", chromedp.Reload())
+	waitFor(t, ctx, "only the cut rank flagged", `[...document.querySelectorAll("#peaks li")].map(li => li.querySelector(".badge.status")?.textContent ?? "").join() === ",incomplete"`)
+}
+
+func mustTrace(t *testing.T, f *fixture, id string) gpu.Trace {
+	t.Helper()
+	tr, err := f.db.Trace(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tr
+}

@@ -239,6 +239,12 @@ function traceURL(row, t) {
   return `/traces/${row.trace}?${p}`;
 }
 
+const STATUS_TIPS = {
+  live: "still streaming: its figures grow; reload for the newest",
+  incomplete: "its stream ended before the job said it was done: the trace stops there",
+  failed: "the job failed while it was recorded",
+};
+
 function showPeaks() {
   const list = document.getElementById("peaks");
   const rows = page.data.rows.map((r, i) => ({ r, i })).sort((a, b) => b.r.peak_bytes - a.r.peak_bytes);
@@ -251,6 +257,9 @@ function showPeaks() {
     return el("li", { class: k === 0 ? "highest" : null, "data-trace": r.trace },
       link, " ", el("span", { class: "num" }, fmtBytes(r.peak_bytes)),
       k === 0 ? el("span", { class: "badge" }, "highest") : null,
+      // A rank still streaming, or one whose stream ended early, is not a
+      // whole trace: say so beside its peak.
+      r.status !== "complete" ? el("span", { class: "badge status " + r.status, title: STATUS_TIPS[r.status] ?? "" }, r.status) : null,
       r.oom_seq >= 0 ? el("a", { class: "badge oom", href: `/traces/${r.trace}/incidents/1`, title: "why it ran out of memory" }, `OOM ×${r.oom_count}`) : null,
       el("span", { class: "peak-track" }, bar));
   }));
