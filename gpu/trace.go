@@ -194,12 +194,15 @@ type Allocation struct {
 }
 
 // Recording is an event stream with what is needed to run it again: the
-// layout before its first event, the allocator settings it ran under, and
-// its device: ordinal and capacity (0 when the recording does not say).
+// layout before its first event, the allocator settings it ran under, its
+// device: ordinal and capacity (0 when the recording does not say), and
+// the stacks its blocks and events refer to.
 type Recording struct {
 	Initial  *Layout
 	Events   []Event
 	Settings string
 	Device   int
 	Capacity uint64
+	// Stacks are distinct: StackID i is Stacks[i-1].
+	Stacks []Stack
 }

@@ -117,7 +117,7 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 // settings the allocator had (see Settings.Replay). A snapshot does not
 // record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
-	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device}
+	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device, Stacks: t.Stacks}
 }
 
 // OOMs counts the oom events.

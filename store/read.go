@@ -428,7 +428,38 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	rec := gpu.Recording{Initial: initial, Settings: r.trace.Settings, Device: r.trace.DeviceOrdinal, Capacity: r.trace.Capacity,
 		Events: make([]gpu.Event, 0, r.trace.Events)}
 	err = r.events(0, r.trace.LastSeq+1, func(e *gpu.Event) bool { rec.Events = append(rec.Events, *e); return true })
+	if err != nil {
+		return rec, err
+	}
+	rec.Stacks, err = r.stacks()
 	return rec, err
+}
+
+// stacks are every stack of the trace: a writer numbers them 1..n, so
+// StackID i is the i-th.
+func (r *reader) stacks() ([]gpu.Stack, error) {
+	rows, err := r.tx.Query("SELECT sid, frames FROM stacks WHERE tid = ? ORDER BY sid", r.tid)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var out []gpu.Stack
+	for rows.Next() {
+		var sid int64
+		var frames string
+		if err := rows.Scan(&sid, &frames); err != nil {
+			return nil, err
+		}
+		if sid != int64(len(out))+1 {
+			return nil, fmt.Errorf("trace %s: stack %d follows stack %d", r.trace.ID, sid, len(out))
+		}
+		var s gpu.Stack
+		if err := json.Unmarshal([]byte(frames), &s); err != nil {
+			return nil, fmt.Errorf("trace %s: stack %d: %w", r.trace.ID, sid, err)
+		}
+		out = append(out, s)
+	}
+	return out, rows.Err()
 }
 
 // freeScan bounds how far past a free_requested the matching

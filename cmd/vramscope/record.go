@@ -114,7 +114,13 @@ func startReplay(a *caching.Allocator, s *replay.Stream) (*gpu.Layout, tracer.Wo
 		return nil, nil, err
 	}
 	a.Flush()
-	return a.Layout(), tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
+	l := a.Layout()
+	for i := range l.Segments {
+		for j := range l.Segments[i].Blocks {
+			l.Segments[i].Blocks[j].Seq = -1 // made before the trace began, not by its events
+		}
+	}
+	return l, tracer.WorkloadFunc(func(ctx context.Context, env *tracer.Env) error {
 		p.SetTime = func(t int64) { env.Clock.US = t }
 		res, err := p.Run(s.Requests)
 		if err == nil && len(res.OOMs) > 0 {
@@ -214,7 +220,11 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 			opt.Run = &live.RunJoin{Name: rec.RunName, Rank: rec.Rank, WorldSize: rec.World}
 		}
 		if len(initial.Segments) > 0 {
-			if opt.Snapshot, err = json.Marshal(map[string]any{"segments": segmentsJSON(initial.Segments)}); err != nil {
+			var stacks []gpu.Stack
+			if rec.Replay != nil {
+				stacks = rec.Replay.Stacks
+			}
+			if opt.Snapshot, err = json.Marshal(map[string]any{"segments": segmentsJSON(meta.DeviceOrdinal, initial.Segments, stacks)}); err != nil {
 				w.Abort()
 				return out, err
 			}
@@ -226,6 +236,19 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
 		tee := stream.Tee(w)
 		local, annotations = tee, tee
+	}
+	if rec.Replay != nil {
+		// A new trace numbers distinct stacks 1..n in order, as the
+		// stream does, so its requests' and starting blocks' ids stay right.
+		for i, st := range rec.Replay.Stacks {
+			if id := local.Stack(st); id != gpu.StackID(i+1) {
+				if stream != nil {
+					stream.Close(gpu.StatusFailed)
+				}
+				w.Abort()
+				return out, fmt.Errorf("replay: stack %d of the stream became stack %d", i+1, id)
+			}
+		}
 	}
 	f := initial.Figures()
 	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}

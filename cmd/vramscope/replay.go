@@ -95,6 +95,7 @@ type replayJSON struct {
 }
 
 type segmentJSON struct {
+	Device      int         `json:"device"`
 	Address     uint64      `json:"address"`
 	TotalSize   uint64      `json:"total_size"`
 	Stream      int64       `json:"stream"`
@@ -104,18 +105,25 @@ type segmentJSON struct {
 }
 
 type blockJSON struct {
-	Address   uint64 `json:"address"`
-	Size      uint64 `json:"size"`
-	Requested uint64 `json:"requested_size"`
-	State     string `json:"state"`
+	Address   uint64    `json:"address"`
+	Size      uint64    `json:"size"`
+	Requested uint64    `json:"requested_size"`
+	State     string    `json:"state"`
+	Frames    gpu.Stack `json:"frames,omitempty"`
 }
 
-func segmentsJSON(segs []gpu.Segment) []segmentJSON {
+// segmentsJSON writes segs of device as a snapshot's segments, the
+// blocks' frames from stacks (StackID i is stacks[i-1]) when given.
+func segmentsJSON(device int, segs []gpu.Segment, stacks []gpu.Stack) []segmentJSON {
 	out := make([]segmentJSON, 0, len(segs))
 	for _, s := range segs {
-		sj := segmentJSON{Address: s.Addr, TotalSize: s.Size, Stream: s.Stream, SegmentType: s.Pool.String(), Expandable: s.Expandable}
+		sj := segmentJSON{Device: device, Address: s.Addr, TotalSize: s.Size, Stream: s.Stream, SegmentType: s.Pool.String(), Expandable: s.Expandable}
 		for _, b := range s.Blocks {
-			sj.Blocks = append(sj.Blocks, blockJSON{b.Addr, b.Size, b.Requested, b.State.String()})
+			bj := blockJSON{Address: b.Addr, Size: b.Size, Requested: b.Requested, State: b.State.String()}
+			if b.Stack != 0 && int(b.Stack) <= len(stacks) {
+				bj.Frames = stacks[b.Stack-1]
+			}
+			sj.Blocks = append(sj.Blocks, bj)
 		}
 		out = append(out, sj)
 	}
@@ -124,7 +132,7 @@ func segmentsJSON(segs []gpu.Segment) []segmentJSON {
 
 func writeReplayJSON(w io.Writer, a *caching.Allocator, res replay.Result, capacity replay.Capacity) error {
 	st := a.Stats()
-	out := replayJSON{Capacity: capacity, Settings: a.Config().String(), Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Snapshot())}
+	out := replayJSON{Capacity: capacity, Settings: a.Config().String(), Stats: st.Flat(), OOMs: res.OOMs, Segments: segmentsJSON(a.Device().Ordinal(), a.Snapshot(), nil)}
 	if out.OOMs == nil {
 		out.OOMs = []replay.OOM{}
 	}

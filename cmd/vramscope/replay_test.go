@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -166,16 +167,25 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	if err != nil || segmentShape(last.Segments) != segmentShape(want.Final.Segments) {
 		t.Errorf("the stored trace does not end in the snapshot's segments: %v", err)
 	}
-	events, err := s.Events(tr.ID, 0, tr.LastSeq+1)
-	if err != nil {
-		t.Fatal(err)
+	sameReplay(t, s, tr.ID, want)
+	// A stored trace replays as its file does, with its stacks.
+	if code, _, errs := runCmd("import", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"), "--db", db, "--name", "imported"); code != 0 {
+		t.Fatal(errs)
 	}
-	for i, e := range events {
-		w := want.Events[i]
-		if e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.Stream != w.Stream {
-			t.Fatalf("event %d: stored %v, snapshot %v", i, e, w)
-		}
+	imported, _ := s.Traces()
+	code, out, errs = runCmd("trace", "--workload", "replay", imported[0].ID, "--db", db, "--quiet")
+	if code != 0 {
+		t.Fatalf("replay of a stored trace: exit %d %s\n%s", code, errs, out)
 	}
+	again, _ := s.Traces()
+	sameReplay(t, s, again[0].ID, want)
+	// Half the blocks live before this one's trace have frames.
+	framed := snapshotTrace(t, "training_22k_user_metadata.pickle", -1)
+	if code, _, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "training_22k_user_metadata.pickle"), "--db", db, "--quiet"); code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	again, _ = s.Traces()
+	sameReplay(t, s, again[0].ID, framed)
 	if code, _, errs := runCmd("trace", "--workload", "frag", "--device", "1", "--db", db); code != 2 || !strings.Contains(errs, "--device must be sim or cuda") {
 		t.Errorf("--device 1 without a replay: exit %d %s", code, errs)
 	}
@@ -187,15 +197,47 @@ func TestTraceWorkloadReplay(t *testing.T) {
 		t.Fatalf("--device 1: exit %d %s\n%s", code, errs, out)
 	}
 	traces, _ = s.Traces()
-	var replayed gpu.Trace
-	for _, x := range traces {
-		if x.ID != tr.ID {
-			replayed = x
-		}
-	}
+	replayed := traces[0] // the newest
 	incidents, err := s.Incidents(replayed.ID)
 	if err != nil || len(incidents) != 1 || incidents[0].Seq != 421 || replayed.Settings != "expandable_segments:True" || replayed.Events != int64(len(one.Events)) || incidents[0].DeviceFree != 95682560 {
 		t.Errorf("replayed device 1: %+v, incidents %+v %v (snapshot: %d events, OOM at 421)", replayed, incidents, err, len(one.Events))
+	}
+}
+
+// sameReplay fails unless stored trace id replays want: the same events,
+// allocations with the same frames, from blocks with the same frames.
+func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
+	t.Helper()
+	events, err := s.Events(id, 0, int64(len(want.Events)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stack := func(sid gpu.StackID) gpu.Stack {
+		st, err := s.Stack(id, sid)
+		if err != nil && sid != 0 {
+			t.Fatalf("trace %s: stack %d: %v", id, sid, err)
+		}
+		return st
+	}
+	for i, e := range events {
+		w := want.Events[i]
+		// A free has the frames of its block (PyTorch's, of the free call).
+		framed := e.Action == gpu.ActionAlloc || e.Action == gpu.ActionSegmentAlloc || e.Action == gpu.ActionSegmentMap
+		if e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.Stream != w.Stream || framed && !reflect.DeepEqual(stack(e.Stack), want.Stack(w.Stack)) {
+			t.Fatalf("event %d: stored %v (frames %v), snapshot %v (frames %v)", i, e, stack(e.Stack), w, want.Stack(w.Stack))
+		}
+	}
+	first, _, err := s.LayoutAtSeq(id, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, seg := range first.Segments {
+		for j, b := range seg.Blocks {
+			wb := want.Initial.Segments[i].Blocks[j]
+			if b.Seq != wb.Seq || !reflect.DeepEqual(stack(b.Stack), want.Stack(wb.Stack)) {
+				t.Fatalf("starting block at %#x: made by event %d, frames %v; snapshot: %d, %v", b.Addr, b.Seq, stack(b.Stack), wb.Seq, want.Stack(wb.Stack))
+			}
+		}
 	}
 }
 
