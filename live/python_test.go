@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +18,11 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/ingest"
 	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 	"vramscope/server"
+	"vramscope/store"
 )
 
 func python(t *testing.T) string {
@@ -37,11 +40,131 @@ func python(t *testing.T) string {
 // snapshot standing in for torch, against the real server; the driver cuts
 // the connection once in the middle of a message.
 func TestPythonWatch(t *testing.T) {
-	py := python(t)
-	snap := filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json")
-	if _, err := os.Stat(snap); err != nil {
-		snap = "/work/shared/testdata/pytorch/oom_nonexpandable.json"
+	want, db, srv, text := watchDriver(t, "oom_nonexpandable.json", 200)
+	var liveID, incident string
+	for _, line := range strings.Split(text, "\n") {
+		if s, ok := strings.CutPrefix(line, "traces "); ok {
+			liveID = s
+		}
+		if s, ok := strings.CutPrefix(line, "incidents "); ok {
+			incident = s
+		}
 	}
+	tr, err := db.Trace(liveID)
+	if err != nil {
+		t.Fatalf("live trace %q: %v", liveID, err)
+	}
+	if tr.Status != gpu.StatusComplete || tr.Source != gpu.SourceLive || tr.OOMs != 1 {
+		t.Fatalf("live trace %+v", tr)
+	}
+	sameEvents(t, db, liveID, want)
+	// The upload made a snapshot trace whose incident the link names.
+	all, err := db.Traces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var up *gpu.Trace
+	for i := range all {
+		if all[i].Source == gpu.SourceSnapshot {
+			up = &all[i]
+		}
+	}
+	if up == nil || up.OOMs != 1 || incident != srv.URL+"/traces/"+up.ID+"/incidents/1" {
+		t.Fatalf("uploaded %+v, incident link %q", up, incident)
+	}
+}
+
+// The helper sends the job's annotations (record_function regions: steps
+// and phases) with its entries, as a snapshot's external_annotations: a
+// real job's 714, read as they come, resent after a cut connection. When
+// the annotations' ring drops some between two polls (688 come within 37
+// entries), the helper goes on after the last it read: what it sends are
+// the job's, in order, once each.
+func TestPythonWatchAnnotations(t *testing.T) {
+	for _, ring := range []int{1000, 200} {
+		want, db, _, text := watchDriver(t, "uint64_line_annotations.pickle", ring)
+		var liveID string
+		for _, line := range strings.Split(text, "\n") {
+			if s, ok := strings.CutPrefix(line, "traces "); ok {
+				liveID = s
+			}
+		}
+		sameEvents(t, db, liveID, want)
+		got, err := db.Annotations(liveID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f, err := os.Open(snapshotPath("uint64_line_annotations.pickle"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids, err := ingest.Snapshot(db, f, "imported", pytorch.Options{})
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		all, err := db.Annotations(ids[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ring == 1000 {
+			if len(all) != 714 || !reflect.DeepEqual(got, all) {
+				t.Fatalf("live trace: %d annotations, the snapshot %d", len(got), len(all))
+			}
+			continue
+		}
+		// got is a subsequence of all, and ends as it does.
+		t.Logf("ring %d: %d of the job's %d annotations sent", ring, len(got), len(all))
+		i := 0
+		for _, a := range got {
+			for i < len(all) && all[i] != a {
+				i++
+			}
+			if i == len(all) {
+				t.Fatalf("ring %d: annotation %+v is not the job's, or out of order", ring, a)
+			}
+			i++
+		}
+		if len(got) <= ring || got[len(got)-1] != all[len(all)-1] {
+			t.Fatalf("ring %d: %d annotations of %d sent, the last %+v", ring, len(got), len(all), got[len(got)-1])
+		}
+	}
+}
+
+func snapshotPath(name string) string {
+	p := filepath.Join("..", "..", "shared", "testdata", "pytorch", name)
+	if _, err := os.Stat(p); err != nil {
+		p = "/work/shared/testdata/pytorch/" + name
+	}
+	return p
+}
+
+// sameEvents fails unless live trace id holds want's entries.
+func sameEvents(t *testing.T, db *store.DB, id string, want *pytorch.Trace) {
+	t.Helper()
+	got, err := db.Events(id, 0, 1<<40)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want.Events) {
+		t.Fatalf("stored %d events, the snapshot has %d", len(got), len(want.Events))
+	}
+	for i, e := range got {
+		w := want.Events[i]
+		if e.Seq != int64(i) || e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.TimeUS != w.TimeUS || (e.Stack == 0) != (w.Stack == 0) {
+			t.Fatalf("event %d: stored %v, the snapshot has %v", i, e, w)
+		}
+	}
+}
+
+// watchDriver runs the driver on the entries of real snapshot name (and
+// its annotations, in a ring of annotationRing) against the whole server,
+// and returns device 0's trace, the server's database
+// and the driver's output.
+func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace, *store.DB, *httptest.Server, string) {
+	t.Helper()
+	py := python(t)
+	snap := snapshotPath(name)
 	traces, err := pytorch.DecodeFile(snap)
 	if err != nil {
 		t.Fatal(err)
@@ -62,7 +185,7 @@ func TestPythonWatch(t *testing.T) {
 	const token = "tok"
 	// The whole server, as vramscope serve runs it.
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Token: token, Addr: "127.0.0.1:0"}).Handler())
-	defer srv.Close()
+	t.Cleanup(srv.Close)
 	resp, err := http.Get(srv.URL + "/vramscope_watch.py")
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +197,7 @@ func TestPythonWatch(t *testing.T) {
 	}
 
 	helper, _ := filepath.Abs("python")
-	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token)
+	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token, fmt.Sprint(annotationRing))
 	out, err := cmd.CombinedOutput()
 	t.Logf("driver:\n%s", out)
 	if err != nil {
@@ -87,49 +210,7 @@ func TestPythonWatch(t *testing.T) {
 	if !strings.Contains(text, "cut 1") {
 		t.Fatal("the connection was not cut")
 	}
-	var liveID, incident string
-	for _, line := range strings.Split(text, "\n") {
-		if s, ok := strings.CutPrefix(line, "traces "); ok {
-			liveID = s
-		}
-		if s, ok := strings.CutPrefix(line, "incidents "); ok {
-			incident = s
-		}
-	}
-	tr, err := db.Trace(liveID)
-	if err != nil {
-		t.Fatalf("live trace %q: %v", liveID, err)
-	}
-	if tr.Status != gpu.StatusComplete || tr.Source != gpu.SourceLive || tr.OOMs != 1 {
-		t.Fatalf("live trace %+v", tr)
-	}
-	got, err := db.Events(liveID, 0, 1<<40)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(got) != len(want.Events) {
-		t.Fatalf("stored %d events, the snapshot has %d", len(got), len(want.Events))
-	}
-	for i, e := range got {
-		w := want.Events[i]
-		if e.Seq != int64(i) || e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.TimeUS != w.TimeUS || (e.Stack == 0) != (w.Stack == 0) {
-			t.Fatalf("event %d: stored %v, the snapshot has %v", i, e, w)
-		}
-	}
-	// The upload made a snapshot trace whose incident the link names.
-	all, err := db.Traces()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var up *gpu.Trace
-	for i := range all {
-		if all[i].Source == gpu.SourceSnapshot {
-			up = &all[i]
-		}
-	}
-	if up == nil || up.OOMs != 1 || incident != srv.URL+"/traces/"+up.ID+"/incidents/1" {
-		t.Fatalf("uploaded %+v, incident link %q", up, incident)
-	}
+	return want, db, srv, text
 }
 
 func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {

@@ -201,6 +201,10 @@ def _key(e):
     return (e.get("action"), e.get("addr"), e.get("size"), e.get("stream"), e.get("time_us"), e.get("device_free"))
 
 
+def _annotation_key(a):
+    return (a.get("time_us"), a.get("stage"), a.get("name"))
+
+
 class Watcher:
     """Streams one device's trace entries to a vramscope server."""
 
@@ -253,6 +257,12 @@ class Watcher:
         self.sent = 0
         self.stacks = {}  # frames key -> id
         self.stack_defs = {}  # id (str) -> frames
+        # The job's annotations (record_function regions: steps, phases),
+        # numbered in the order read: anns holds those from number
+        # ann_base on, the server has the first ann_sent. Those read now,
+        # from before the trace, name the regions it begins inside of.
+        self.anns, self.ann_base, self.ann_sent, self.ann_last = [], 0, 0, None
+        self._annotations(snap)
         self.trace = None
         segs = [s for s in snap.get("segments", []) if s.get("device", 0) == self.device]
         initial = {"segments": segs, "device_traces": []}
@@ -279,6 +289,26 @@ class Watcher:
             if k <= p <= len(entries) and [_key(e) for e in entries[p - k:p]] == self.tail:
                 return entries[p:]
         return None
+
+    def _annotations(self, snap):
+        """Queues the device's annotations read since the last call. Like
+        the entries they are a ring: go on after the last one read, or when
+        the ring dropped it, after its time."""
+        anns = [a for a in snap.get("external_annotations") or [] if a.get("device", 0) == self.device]
+        start = 0
+        if self.ann_last is not None:
+            start = next((i + 1 for i in range(len(anns) - 1, -1, -1) if _annotation_key(anns[i]) == self.ann_last), None)
+            if start is None:
+                start = next((i for i, a in enumerate(anns) if a.get("time_us", 0) > self.ann_last[0]), len(anns))
+        for a in anns[start:]:
+            self.anns.append({"time_us": a.get("time_us", 0), "stage": a.get("stage"), "name": a.get("name", "")})
+            self.ann_last = _annotation_key(a)
+
+    def _server_has(self, n):
+        """The server has annotations 0..n-1: those are let go."""
+        drop = min(max(0, n - self.ann_base), len(self.anns))
+        del self.anns[:drop]
+        self.ann_base += drop
 
     def _stack(self, frames):
         if not frames:
@@ -315,6 +345,7 @@ class Watcher:
         if new:
             self.tail = (self.tail + [_key(e) for e in new])[-self.TAIL:]
         self.seen = len(entries)
+        self._annotations(snap)
         if any(e.get("action") == "oom" for e in new):
             self._send()
             self.upload(snap)
@@ -339,6 +370,8 @@ class Watcher:
             print("vramscope: watching live at %s%s" % (self.base, r.get("url", "")), file=self.out)
         self.trace = r["trace"]
         self._acked(r["seq"])
+        self.ann_sent = r.get("annotations", 0)
+        self._server_has(self.ann_sent)
         self.sent = 0
         self.ws = ws
         self.defs_sent = 0  # stack ids 1..defs_sent are defined on this connection
@@ -355,6 +388,7 @@ class Watcher:
             r = self.ws.recv()
             if r.get("type") == "ack":
                 self._acked(r["seq"])
+                self._server_has(r.get("annotations", 0))
             elif r.get("type") == "error":
                 raise ServerError(r.get("error"))
 
@@ -368,9 +402,12 @@ class Watcher:
                 if self.ws is None:
                     self._connect()
                 self._drain()
-                if self.sent < len(self.pending) or self.defs_sent < len(self.stack_defs):
+                unsent_anns = self.anns[self.ann_sent - self.ann_base:]
+                if self.sent < len(self.pending) or self.defs_sent < len(self.stack_defs) or unsent_anns:
                     batch = [m for _, m in self.pending[self.sent:self.sent + 2000]]
                     msg = {"type": "events", "events": batch}
+                    if unsent_anns:
+                        msg["annotations"] = unsent_anns[:2000]
                     if self.defs_sent < len(self.stack_defs):
                         # Ids are given in order, so the undefined ones are the last.
                         msg["stacks"] = {str(i): self.stack_defs[str(i)]
@@ -378,6 +415,7 @@ class Watcher:
                     self.ws.send(msg)
                     self.defs_sent = len(self.stack_defs)
                     self.sent += len(batch)
+                    self.ann_sent += len(msg.get("annotations", ()))
                     continue
                 return
             except ServerError:

@@ -1,6 +1,7 @@
 """Drives vramscope_watch against a real server with entries from a real
 snapshot, in place of torch: argv = helper dir, server URL, the snapshot, a
-snapshot of the state before its first entry, ring size, entries per poll."""
+snapshot of the state before its first entry, ring size, entries per poll,
+[token, [ring size of the annotations (default: the ring size)]]."""
 import pickle
 import sys
 import threading
@@ -10,28 +11,33 @@ import vramscope_watch as vw  # noqa: E402
 
 url, full_path, init_path = sys.argv[2:5]
 ring, step = int(sys.argv[5]), int(sys.argv[6])
+ann_ring = int(sys.argv[8]) if len(sys.argv) > 8 else ring
 with open(full_path, "rb") as f:
     full = pickle.load(f)
 with open(init_path, "rb") as f:
     init = pickle.load(f)
 entries = full["device_traces"][0]
-oom = next(i for i, e in enumerate(entries) if e["action"] == "oom")
+oom = next((i for i, e in enumerate(entries) if e["action"] == "oom"), len(entries))
+annotations = [a for a in full.get("external_annotations", []) if a.get("device", 0) == 0]
 state = {"n": 0}
 finished = threading.Event()
 
 
 def snapshot():
-    """Like torch.cuda.memory._snapshot(): the whole ring each time. Each
-    call moves the job on by `step` entries; the poll that reaches the OOM
-    sees the whole file, as the job would when it dies there."""
+    """Like torch.cuda.memory._snapshot(): the whole ring each time, and
+    the annotations so far, in a ring as long. Each call moves the job on
+    by `step` entries; the poll that reaches the OOM sees the whole file,
+    as the job would when it dies there."""
     n = state["n"]
     if n >= len(entries):
         finished.set()
         return full
     state["n"] = len(entries) if n + step > oom else n + step
     segs = init["segments"] if n == 0 else full["segments"]
+    now = entries[n - 1]["time_us"] if n > 0 else -1
+    anns = [a for a in annotations if a["time_us"] <= now][-ann_ring:]
     return {"segments": segs, "device_traces": [entries[max(0, n - ring):n]],
-            "allocator_settings": full.get("allocator_settings", {})}
+            "allocator_settings": full.get("allocator_settings", {}), "external_annotations": anns}
 
 
 # The fifth events message is cut off halfway and its connection killed,
