@@ -195,8 +195,9 @@ type Allocation struct {
 
 // Recording is an event stream with what is needed to run it again: the
 // layout before its first event, the allocator settings it ran under, its
-// device: ordinal and capacity (0 when the recording does not say), and
-// the stacks its blocks and events refer to.
+// device: ordinal and capacity (0 when the recording does not say), the
+// stacks its blocks and events refer to, and its annotations (steps and
+// phases), which a replay keeps.
 type Recording struct {
 	Initial  *Layout
 	Events   []Event
@@ -204,5 +205,6 @@ type Recording struct {
 	Device   int
 	Capacity uint64
 	// Stacks are distinct: StackID i is Stacks[i-1].
-	Stacks []Stack
+	Stacks      []Stack
+	Annotations []Annotation
 }

@@ -117,7 +117,11 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 // settings the allocator had (see Settings.Replay). A snapshot does not
 // record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
-	return gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device, Stacks: t.Stacks}
+	rec := gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device, Stacks: t.Stacks}
+	for _, a := range t.Annotations() {
+		rec.Annotations = append(rec.Annotations, gpu.Annotation{Device: a.Device, TimeUS: a.TimeUS, Stage: a.Stage, Name: a.Name})
+	}
+	return rec
 }
 
 // OOMs counts the oom events.

@@ -27,6 +27,8 @@ type Stream struct {
 	// Stacks are the stacks the requests and Initial's blocks refer to:
 	// StackID i is Stacks[i-1] (nil for an RMM log, which has none).
 	Stacks []gpu.Stack
+	// Annotations are the recording's steps and phases.
+	Annotations []gpu.Annotation
 
 	addr addresses
 }
@@ -44,7 +46,7 @@ type regionKey struct {
 // from its first OOM, else bounded by its free-and-retry paths (see
 // inferRuns); Capacity.Bytes is 0 when nothing says.
 func FromRecording(rec gpu.Recording) Stream {
-	s := Stream{Initial: rec.Initial, Settings: rec.Settings, Ordinal: rec.Device, Stacks: rec.Stacks, addr: recordedAddresses(rec.Initial, rec.Events)}
+	s := Stream{Initial: rec.Initial, Settings: rec.Settings, Ordinal: rec.Device, Stacks: rec.Stacks, Annotations: rec.Annotations, addr: recordedAddresses(rec.Initial, rec.Events)}
 	ctx := runContext{rules: gpu.DefaultRules(), capacity: rec.Capacity, limit: rec.Capacity, addr: &s.addr}
 	cfg, err := caching.ParseConfig(rec.Settings)
 	if err == nil {

@@ -431,7 +431,10 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	if err != nil {
 		return rec, err
 	}
-	rec.Stacks, err = r.stacks()
+	if rec.Stacks, err = r.stacks(); err != nil {
+		return rec, err
+	}
+	rec.Annotations, err = db.Annotations(id)
 	return rec, err
 }
 

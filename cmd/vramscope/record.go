@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -249,6 +250,13 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 				return out, fmt.Errorf("replay: stack %d of the stream became stack %d", i+1, id)
 			}
 		}
+		// The replay keeps the recorded times, so the recording's steps
+		// and phases hold for it, on its device.
+		anns := slices.Clone(rec.Replay.Annotations)
+		for i := range anns {
+			anns[i].Device = meta.DeviceOrdinal
+		}
+		annotations.Annotate(anns...)
 	}
 	f := initial.Figures()
 	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}

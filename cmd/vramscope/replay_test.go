@@ -186,6 +186,13 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	}
 	again, _ = s.Traces()
 	sameReplay(t, s, again[0].ID, framed)
+	// This one's 714 annotations (compile and autotuning regions) hold for its replay.
+	annotated := snapshotTrace(t, "uint64_line_annotations.pickle", -1)
+	if code, _, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "uint64_line_annotations.pickle"), "--db", db, "--quiet"); code != 0 {
+		t.Fatalf("exit %d %s", code, errs)
+	}
+	again, _ = s.Traces()
+	sameReplay(t, s, again[0].ID, annotated)
 	if code, _, errs := runCmd("trace", "--workload", "frag", "--device", "1", "--db", db); code != 2 || !strings.Contains(errs, "--device must be sim or cuda") {
 		t.Errorf("--device 1 without a replay: exit %d %s", code, errs)
 	}
@@ -205,7 +212,8 @@ func TestTraceWorkloadReplay(t *testing.T) {
 }
 
 // sameReplay fails unless stored trace id replays want: the same events,
-// allocations with the same frames, from blocks with the same frames.
+// allocations with the same frames, from blocks with the same frames, in
+// the same steps and phases (annotations).
 func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
 	t.Helper()
 	events, err := s.Events(id, 0, int64(len(want.Events)))
@@ -225,6 +233,19 @@ func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
 		framed := e.Action == gpu.ActionAlloc || e.Action == gpu.ActionSegmentAlloc || e.Action == gpu.ActionSegmentMap
 		if e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.Stream != w.Stream || framed && !reflect.DeepEqual(stack(e.Stack), want.Stack(w.Stack)) {
 			t.Fatalf("event %d: stored %v (frames %v), snapshot %v (frames %v)", i, e, stack(e.Stack), w, want.Stack(w.Stack))
+		}
+	}
+	anns, err := s.Annotations(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantAnns := want.Annotations()
+	if len(anns) != len(wantAnns) {
+		t.Fatalf("trace %s: %d annotations, the snapshot %d", id, len(anns), len(wantAnns))
+	}
+	for i, a := range anns {
+		if w := wantAnns[i]; a.TimeUS != w.TimeUS || a.Stage != w.Stage || a.Name != w.Name {
+			t.Fatalf("annotation %d: %+v, the snapshot %+v", i, a, w)
 		}
 	}
 	first, _, err := s.LayoutAtSeq(id, -1)
