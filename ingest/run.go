@@ -10,9 +10,9 @@ import (
 	"runtime"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 
+	"vramscope/gpu"
 	"vramscope/pytorch"
 	"vramscope/store"
 )
@@ -113,7 +113,11 @@ func MemoryLimit(paths []string) int64 {
 // error (naming the file), or when ctx ends, nothing is kept. Errors are
 // those of Snapshot; two files of one rank are an InputError.
 func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
-	if name = strings.TrimSpace(name); name == "" {
+	name, err := gpu.CheckName(name)
+	if err != nil {
+		return "", nil, &InputError{fmt.Errorf("the run's name: %w", err)}
+	}
+	if name == "" {
 		return "", nil, &InputError{errors.New("the run has no name")}
 	}
 	if ctx == nil {
@@ -159,7 +163,10 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 				ended = ended || err == io.EOF
 				place := len(files)
 				if err == nil {
-					if err = claimRank(named, f); err != nil && f.Close != nil {
+					if err = checkFileName(f.Name); err == nil {
+						err = claimRank(named, f)
+					}
+					if err != nil && f.Close != nil {
 						f.Close()
 					}
 				}
@@ -287,6 +294,23 @@ func fileError(name string, err error) error {
 		return &InputError{fmt.Errorf("%s: %w", name, ie.Err)}
 	}
 	return fmt.Errorf("%s: %w", name, err)
+}
+
+// checkFileName refuses a file whose name (without its folders) cannot
+// name its trace, saying which file without repeating a long name whole.
+func checkFileName(name string) error {
+	base, err := gpu.CheckName(baseName(name))
+	if err == nil && base == "" {
+		err = errors.New("its name is blank")
+	}
+	if err != nil {
+		shown := name
+		if len(shown) > 64 {
+			shown = shown[:64] + "…"
+		}
+		return &InputError{fmt.Errorf("file %q: %w", shown, err)}
+	}
+	return nil
 }
 
 // knownRank is the file's rank as known before decoding it: given, or in

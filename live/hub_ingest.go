@@ -171,8 +171,15 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	meta := hi.Meta
 	meta.Source = gpu.SourceLive
 	meta.Upload = "" // the client's uploads are not this server's
-	if meta.Name == "" {
+	name, err := gpu.CheckName(meta.Name)
+	if err != nil {
+		return gpu.Trace{}, fmt.Errorf("hello: meta: name: %v", err)
+	}
+	if meta.Name = name; name == "" {
 		meta.Name = "live"
+	}
+	if meta.DeviceName, err = gpu.CheckName(meta.DeviceName); err != nil {
+		return gpu.Trace{}, fmt.Errorf("hello: meta: device_name: %v", err)
 	}
 	initial, stacks, err := initialLayout(hi.Snapshot, &meta)
 	if err != nil {

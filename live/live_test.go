@@ -580,6 +580,51 @@ func TestBatchRoundTrip(t *testing.T) {
 	}
 }
 
+// A hello's trace name and device name follow the rules of every name:
+// too long, a control character or a right-to-left override is refused
+// before anything is stored, naming the field and the limit; white space
+// around a name is trimmed, and a blank name is "live".
+func TestHelloNames(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	url := "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest"
+	for _, c := range []struct {
+		meta map[string]any
+		want string
+	}{
+		{map[string]any{"name": strings.Repeat("n", 1<<20)}, "hello: meta: name: a name is at most 255 bytes, this one is 1048576"},
+		{map[string]any{"name": "job\x1b]0;pwned\x07"}, "hello: meta: name: a name is one line of plain text; byte 3 of this one is the control character U+001B"},
+		{map[string]any{"name": "job\nFAKE LINE"}, "control character U+000A"},
+		{map[string]any{"name": "rank0\u202Elekcip"}, "bidirectional formatting character U+202E"},
+		{map[string]any{"name": "ok", "device_name": "cuda:0\x1b[2J"}, "hello: meta: device_name: a name is one line of plain text"},
+	} {
+		conn, _, err := websocket.DefaultDialer.Dial(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.WriteJSON(map[string]any{"type": "hello", "meta": c.meta})
+		var r reply
+		if err := conn.ReadJSON(&r); err != nil || r.Type != "error" || !strings.Contains(r.Error, c.want) || len(r.Error) > 300 {
+			t.Errorf("meta %.60q: %.300q %v; want an error saying %q", c.meta, r.Error, err, c.want)
+		}
+		conn.Close()
+	}
+	if trs, _ := ts.db.Traces(); len(trs) != 0 {
+		t.Fatalf("%d traces stored", len(trs))
+	}
+	for name, want := range map[string]string{"  <b>rank 0</b>\u00a0 ": "<b>rank 0</b>", " \t ": "live"} {
+		c, err := Dial(ts.srv.URL, "", ClientOptions{Meta: gpu.TraceMeta{Name: name}})
+		if err != nil {
+			t.Fatalf("%q: %v", name, err)
+		}
+		if err := c.Close(gpu.StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		if tr, err := ts.db.Trace(c.TraceID()); err != nil || tr.Name != want {
+			t.Errorf("name %q stored as %q (%v), want %q", name, tr.Name, err, want)
+		}
+	}
+}
+
 // A hello's run is checked before anything is stored; a good one makes
 // the trace a rank of the run, through the Go client too.
 func TestHelloRun(t *testing.T) {
@@ -589,7 +634,7 @@ func TestHelloRun(t *testing.T) {
 		{"name": "", "rank": 0},
 		{"name": "job", "rank": -1},
 		{"name": "job", "rank": 4, "world_size": 4},
-		{"name": strings.Repeat("x", maxRunName+1), "rank": 0},
+		{"name": strings.Repeat("x", gpu.MaxNameBytes+1), "rank": 0},
 	} {
 		conn, _, err := websocket.DefaultDialer.Dial(url, nil)
 		if err != nil {

@@ -83,13 +83,17 @@ type RunJoin struct {
 	WorldSize int    `json:"world_size,omitempty"` // 0: unknown
 }
 
-// maxRank and maxRunName bound what a hello may say of its run.
-const maxRank, maxRunName = 1 << 20, 200
+// maxRank bounds what a hello may say of its run's ranks.
+const maxRank = 1 << 20
 
+// check refuses a run the hello cannot join, and trims its name.
 func (r *RunJoin) check() error {
+	name, err := gpu.CheckName(r.Name)
 	switch {
-	case r.Name == "" || len(r.Name) > maxRunName:
-		return fmt.Errorf("hello: run: a name of 1 to %d bytes is needed, not %d", maxRunName, len(r.Name))
+	case err != nil:
+		return fmt.Errorf("hello: run: name: %v", err)
+	case name == "":
+		return fmt.Errorf("hello: run: a name is needed")
 	case r.Rank < 0 || r.Rank >= maxRank:
 		return fmt.Errorf("hello: run: rank %d is not in [0, %d)", r.Rank, maxRank)
 	case r.WorldSize < 0 || r.WorldSize > maxRank:
@@ -97,6 +101,7 @@ func (r *RunJoin) check() error {
 	case r.WorldSize > 0 && r.Rank >= r.WorldSize:
 		return fmt.Errorf("hello: run: rank %d of a world of %d", r.Rank, r.WorldSize)
 	}
+	r.Name = name
 	return nil
 }
 

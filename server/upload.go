@@ -92,7 +92,14 @@ func (s *Server) apiUpload(w http.ResponseWriter, r *http.Request) {
 		}
 		in = br
 	}
-	name = cleanName(name, "snapshot")
+	name, err := gpu.CheckName(cleanName(name, "snapshot"))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "name: %v", err)
+		return
+	}
+	if name == "" {
+		name = "snapshot"
+	}
 	traces, err := ingest.Decode(in, opt)
 	if err == nil && mr != nil {
 		err = soleFile(mr, name)
