@@ -31,16 +31,16 @@ func CheckName(name string) (string, error) {
 			return "", fmt.Errorf("a name is UTF-8 text; byte %d of this one is not", i)
 		case unicode.IsControl(r):
 			return "", fmt.Errorf("a name is one line of plain text; byte %d of this one is the control character %U", i, r)
-		case isBidiControl(r):
+		case IsBidiControl(r):
 			return "", fmt.Errorf("a name is plain text; byte %d of this one is the bidirectional formatting character %U, which reorders what is shown around it", i, r)
 		}
 	}
 	return name, nil
 }
 
-// isBidiControl is whether r is one of Unicode's explicit directional
+// IsBidiControl is whether r is one of Unicode's explicit directional
 // formatting characters (marks, embeddings, overrides and isolates).
-func isBidiControl(r rune) bool {
+func IsBidiControl(r rune) bool {
 	switch {
 	case r == '\u061C', r == '\u200E', r == '\u200F':
 		return true

@@ -19,7 +19,7 @@ func TestCheckName(t *testing.T) {
 		{strings.Repeat("é", 127), strings.Repeat("é", 127), ""},
 		{strings.Repeat("x", 255), strings.Repeat("x", 255), ""},
 		{strings.Repeat("x", 256), "", "at most 255 bytes, this one is 256"},
-		{strings.Repeat("x", 1 << 20), "", "at most 255 bytes, this one is 1048576"},
+		{strings.Repeat("x", 1<<20), "", "at most 255 bytes, this one is 1048576"},
 		{"evil\x1b[31mred", "", "byte 4 of this one is the control character U+001B"},
 		{"two\nlines", "", "byte 3 of this one is the control character U+000A"},
 		{"a\tb", "", "control character U+0009"},

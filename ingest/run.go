@@ -305,8 +305,8 @@ func checkFileName(name string) error {
 	}
 	if err != nil {
 		shown := name
-		if len(shown) > 64 {
-			shown = shown[:64] + "…"
+		if len(shown) > 80 {
+			shown = "…" + shown[len(shown)-80:] // its end names it best
 		}
 		return &InputError{fmt.Errorf("file %q: %w", shown, err)}
 	}

@@ -16,7 +16,7 @@ import (
 )
 
 func init() {
-	register("export", "write a stored trace as a PyTorch snapshot that pytorch.org/memory_viz opens, or its live set at an instant as a pprof profile", runExport)
+	registerRaw("export", "write a stored trace as a PyTorch snapshot that pytorch.org/memory_viz opens, or its live set at an instant as a pprof profile", runExport)
 }
 
 func runExport(args []string, stdout, stderr io.Writer) error {

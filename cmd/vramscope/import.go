@@ -54,6 +54,17 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		return usagef("want one FILE, got %d arguments (several files are the ranks of a run: --run NAME)", len(pos))
 	}
 	path := pos[0]
+	n := *name
+	switch {
+	case n != "":
+	case path == "-":
+		n = "stdin"
+	default:
+		n = filepath.Base(path)
+	}
+	if n, err = checkName(n); err != nil {
+		return usagef("the trace's name (--name, else the file's): %v", err)
+	}
 	defer limitMemory([]string{path})()
 	f := os.Stdin
 	if path != "-" {
@@ -97,14 +108,6 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 		defer db.Close()
-		n := *name
-		switch {
-		case n != "":
-		case path == "-":
-			n = "stdin"
-		default:
-			n = filepath.Base(path)
-		}
 		ids, err := ingest.Store(context.Background(), db, chosen, n)
 		if err != nil {
 			return err

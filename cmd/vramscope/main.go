@@ -23,12 +23,20 @@ var version = "dev"
 type command struct {
 	summary string
 	run     func(args []string, stdout, stderr io.Writer) error
+	// rawStdout: the command may write bytes to stdout (a pickle, a
+	// profile) that pass as they are, not through a termWriter.
+	rawStdout bool
 }
 
 var commands = map[string]command{}
 
 func register(name, summary string, run func(args []string, stdout, stderr io.Writer) error) {
 	commands[name] = command{summary: summary, run: run}
+}
+
+// registerRaw registers a command whose stdout may be bytes, not text.
+func registerRaw(name, summary string, run func(args []string, stdout, stderr io.Writer) error) {
+	commands[name] = command{summary: summary, run: run, rawStdout: true}
 }
 
 // usageError makes main print the message and exit with status 2.
@@ -72,6 +80,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "vramscope: unknown command %q\n\n", name)
 		printUsage(stderr)
 		return 2
+	}
+	// What a command writes may hold text from an uploaded file: it
+	// reaches a terminal escaped.
+	stderr = termWriter{stderr}
+	if !cmd.rawStdout {
+		stdout = termWriter{stdout}
 	}
 	err := cmd.run(args, stdout, stderr)
 	var ue usageError

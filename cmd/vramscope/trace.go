@@ -158,6 +158,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 			*name += " (" + *conf + ")"
 		}
 	}
+	if *name, err = checkName(*name); err != nil {
+		return usagef("--name: %v", err)
+	}
 	db, err := store.Open(*dbPath)
 	if err != nil {
 		return err
