@@ -384,6 +384,9 @@ func TestPagesAreSafeAndCached(t *testing.T) {
 		h := res.Header
 		if !strings.Contains(h.Get("Content-Security-Policy"), "script-src 'self'") ||
 			!strings.Contains(h.Get("Content-Security-Policy"), "frame-ancestors 'none'") ||
+			!strings.HasPrefix(h.Get("Content-Security-Policy"), "default-src 'none';") ||
+			!strings.Contains(h.Get("Content-Security-Policy"), "require-trusted-types-for 'script'; trusted-types 'none'") ||
+			h.Get("Cross-Origin-Opener-Policy") != "same-origin" || h.Get("Cross-Origin-Resource-Policy") != "same-origin" ||
 			h.Get("X-Content-Type-Options") != "nosniff" {
 			t.Fatalf("%s: security headers %v", path, h)
 		}
