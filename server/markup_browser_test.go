@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -45,22 +44,11 @@ func TestBrowserMarkupShownAsText(t *testing.T) {
 	snap := hostile.MarkupSnapshot(t, testkit.Snapshot(t, "windows_paths_small.pickle"))
 	upload := func(query string, header map[string]string, ct string, body []byte) []byte {
 		t.Helper()
-		req, _ := http.NewRequest("POST", f.srv.URL+"/api/traces"+query, bytes.NewReader(body))
-		req.Header.Set("Content-Type", ct)
-		for k, v := range header {
-			req.Header.Set(k, v)
+		code, b := postWith(t, f.srv.URL+"/api/traces"+query, withType(header, ct), body)
+		if code != http.StatusCreated {
+			t.Fatalf("upload %s: %d %s", query, code, b)
 		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
-		var b bytes.Buffer
-		b.ReadFrom(res.Body)
-		if res.StatusCode != http.StatusCreated {
-			t.Fatalf("upload %s: %d %s", query, res.StatusCode, b.Bytes())
-		}
-		return b.Bytes()
+		return b
 	}
 	var up uploadJSON
 	json.Unmarshal(upload("?name="+url.QueryEscape(hostile.Markup[0]), nil, "application/octet-stream", snap), &up)

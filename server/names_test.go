@@ -54,19 +54,10 @@ func TestUploadNames(t *testing.T) {
 		return buf.Bytes()
 	}
 	send := func(query string, header map[string]string, ct string, body []byte) (int, string) {
-		req, _ := http.NewRequest("POST", f.srv.URL+"/api/traces"+query, bytes.NewReader(body))
-		req.Header.Set("Content-Type", ct)
-		for k, v := range header {
-			req.Header.Set(k, v)
-		}
-		res, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer res.Body.Close()
+		code, b := postWith(t, f.srv.URL+"/api/traces"+query, withType(header, ct), body)
 		var e struct{ Error string }
-		json.NewDecoder(res.Body).Decode(&e)
-		return res.StatusCode, e.Error
+		json.Unmarshal(b, &e)
+		return code, e.Error
 	}
 	raw := "application/octet-stream"
 	for _, c := range []struct {
@@ -116,6 +107,15 @@ func TestUploadNames(t *testing.T) {
 			t.Errorf("%q %q: %d %s; want the name %q", c.query, c.header, code, b, c.want)
 		}
 	}
+}
+
+// withType is header with Content-Type ct.
+func withType(header map[string]string, ct string) map[string]string {
+	out := map[string]string{"Content-Type": ct}
+	for k, v := range header {
+		out[k] = v
+	}
+	return out
 }
 
 func postWith(t *testing.T, url string, header map[string]string, body []byte) (int, []byte) {
