@@ -166,3 +166,25 @@ func benchAreas(b *testing.B, db *store.DB, t gpu.Trace) {
 		}
 	}
 }
+
+// BenchmarkSearchStacks searches the stacks of the 10M-event training
+// trace (store.Search, as /search does) for a frame that most allocations
+// share and for one that few do: either way the search visits every
+// finished allocation and keeps the first 500 matches by seq.
+func BenchmarkSearchStacks(b *testing.B) {
+	db, t := trainingDB(b, 10_000_000)
+	defer db.Close()
+	for _, q := range []string{"forward", "optimizer"} {
+		b.Run(q, func(b *testing.B) {
+			var total int64
+			for b.Loop() {
+				res, err := db.Search(t.ID, q, 500)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total = res.Total
+			}
+			b.ReportMetric(float64(total), "matches")
+		})
+	}
+}

@@ -997,16 +997,19 @@ func (r *reader) binScan(s, d int, t0, t1 int64, fn func(a *allocRec)) error {
 	return rows.Err()
 }
 
-// eachAllocRec calls fn for the records of one alloc_bins row.
+// eachAllocRec calls fn for the records of one alloc_bins row. The record
+// fn gets is only valid during the call (one is reused: a bin holds
+// thousands, and a record per call would be a heap allocation each).
 func eachAllocRec(minFree int64, data []byte, fn func(a *allocRec)) error {
 	dec := &decoder{buf: data}
 	prev := allocRec{freeUS: minFree}
+	a := new(allocRec)
 	for {
-		a, ok := dec.allocRec(&prev)
-		if !ok {
+		var ok bool
+		if *a, ok = dec.allocRec(&prev); !ok {
 			return dec.err
 		}
-		fn(&a)
+		fn(a)
 	}
 }
 

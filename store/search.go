@@ -73,14 +73,22 @@ func (db *DB) Search(id, text string, limit int) (SearchResult, error) {
 		return out, nil
 	}
 	var found []allocRec
+	// Once limit matches are kept, a match after the last of them by seq
+	// is only counted: a common frame matches millions of allocations.
+	var last allocRec
+	full := false
 	keep := func(a *allocRec) {
 		if !matched[a.stack] && (out.Address == nil || *out.Address < a.addr || *out.Address >= a.addr+a.size) {
 			return
 		}
 		out.Total++
+		if full && !bySeq(a, &last) {
+			return
+		}
 		found = append(found, *a)
 		if len(found) > 4*limit+64 {
 			found = firstBySeq(found, limit)
+			last, full = found[len(found)-1], true
 		}
 	}
 	open, err := r.openAllocs()
@@ -103,13 +111,16 @@ func (db *DB) Search(id, text string, limit int) (SearchResult, error) {
 
 // firstBySeq keeps the first n records by seq (then address).
 func firstBySeq(recs []allocRec, n int) []allocRec {
-	sort.Slice(recs, func(i, j int) bool {
-		if recs[i].allocSeq != recs[j].allocSeq {
-			return recs[i].allocSeq < recs[j].allocSeq
-		}
-		return recs[i].addr < recs[j].addr
-	})
+	sort.Slice(recs, func(i, j int) bool { return bySeq(&recs[i], &recs[j]) })
 	return recs[:min(n, len(recs))]
+}
+
+// bySeq orders records by seq, then address.
+func bySeq(a, b *allocRec) bool {
+	if a.allocSeq != b.allocSeq {
+		return a.allocSeq < b.allocSeq
+	}
+	return a.addr < b.addr
 }
 
 // allBins calls fn for every finished allocation of the trace.
