@@ -197,6 +197,39 @@ export class Timeline {
     ctx.globalAlpha = 1;
   }
 
+  // The phases' strip and the user_metadata marks follow the window, not
+  // a hover or the cursor (a long training run has tens of thousands of
+  // regions, and a hover redraws 60 times a second). While the window
+  // changes on every frame (a zoom, a drag) they are drawn straight onto
+  // the canvas; the second frame of one window draws them into a layer of
+  // their own, which the frames after it copy.
+  drawPhasesLayer(ctx, pal) {
+    const v = this.view;
+    if (!v.regions.length && !v.metaMarks.length) return;
+    const key = [v.t0, v.t1, this.cssW, this.cssH].join();
+    const same = (s) => s && s.key === key && s.pal === pal && s.regions === v.regions && s.marks === v.metaMarks;
+    if (!same(this.phasesDrawn)) {
+      if (!same(this.phasesSeen)) {
+        this.phasesSeen = { key, pal, regions: v.regions, marks: v.metaMarks };
+        this.drawPhases(ctx, pal);
+        return;
+      }
+      this.phases ??= document.createElement("canvas");
+      const pctx = fitCanvas(this.phases, this.cssW, this.cssH);
+      pctx.clearRect(0, 0, this.cssW, this.cssH);
+      pctx.save();
+      pctx.beginPath();
+      pctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
+      pctx.clip();
+      this.drawPhases(pctx, pal);
+      pctx.restore();
+      this.phasesDrawn = this.phasesSeen;
+    }
+    // Without user_metadata marks the layer is the strip alone: copy only it.
+    const h = v.metaMarks.length ? this.cssH : TOP + STRIP, r = this.phases.width / this.cssW;
+    ctx.drawImage(this.phases, 0, 0, this.phases.width, Math.round(h * r), 0, 0, this.cssW, Math.round(h * r) / r);
+  }
+
   // Phases: a strip at the top of the plot, one colour per phase, and
   // the steps' numbers over it; where user_metadata changes, a dashed
   // line with the new text.
@@ -207,6 +240,7 @@ export class Timeline {
     ctx.globalAlpha = 0.8;
     ctx.fillRect(AXIS_LEFT, TOP, this.plotW, STRIP);
     ctx.globalAlpha = 1;
+    ctx.lineWidth = 1; // drawn over a selection's wider outline, or into a layer of its own: the same lines
     for (const r of rs) {
       const x0 = this.xOf(r.start_us), x1 = this.xOf(r.end_us);
       if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
@@ -295,7 +329,7 @@ export class Timeline {
       if (selected) this.outlineBand(ctx, selected, pal.select, 2, true);
       if (this.hover?.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, pal.fg, 1);
     }
-    this.drawPhases(ctx, pal);
+    this.drawPhasesLayer(ctx, pal);
     if (v.cursor !== null && v.cursor !== undefined) {
       const x = Math.round(this.xOf(v.cursor)) + 0.5;
       ctx.strokeStyle = pal.cursor;
