@@ -4,6 +4,8 @@
 // that carry user_metadata.
 import { api, el } from "./common.js";
 
+const ANNOTATIONS_PAGE = 500;
+
 export async function showSnapshot(view, box) {
   const x = await api(`/api/traces/${view.id}/extras`);
   const parts = [el("h3", {}, "Allocator settings")];
@@ -19,13 +21,25 @@ export async function showSnapshot(view, box) {
     const t = el("table", { class: "data", id: "annotations-table" });
     t.append(el("thead", {}, el("tr", {}, el("th", {}, "Time"), el("th", {}, "Stage"), el("th", {}, "Name"))));
     const tb = el("tbody");
-    for (const a of x.annotations.slice(0, 5000)) {
-      const tr = el("tr", { class: "annotation", tabindex: "0" }, el("td", {}, view.fmtT(a.time_us)), el("td", {}, a.stage), el("td", {}, a.name));
-      tr.addEventListener("click", () => view.setCursor(a.time_us));
-      tb.append(tr);
-    }
     t.append(tb);
     parts.push(t);
+    // Rows a page at a time: a long run has tens of thousands, and laying
+    // out a table of thousands of rows holds the page for a second.
+    const more = el("button", { type: "button", class: "btn", id: "annotations-more" });
+    const show = () => {
+      const from = tb.childElementCount;
+      for (const a of x.annotations.slice(from, from + ANNOTATIONS_PAGE)) {
+        const tr = el("tr", { class: "annotation", tabindex: "0" }, el("td", {}, view.fmtT(a.time_us)), el("td", {}, a.stage), el("td", {}, a.name));
+        tr.addEventListener("click", () => view.setCursor(a.time_us));
+        tb.append(tr);
+      }
+      const left = x.annotations.length - tb.childElementCount;
+      more.textContent = `Show ${Math.min(left, ANNOTATIONS_PAGE)} more (${left} not shown)`;
+      more.hidden = left === 0;
+    };
+    more.addEventListener("click", show);
+    show();
+    parts.push(more);
   } else parts.push(el("p", { class: "dim" }, "None recorded."));
   parts.push(el("h3", {}, `user_metadata (${x.user_metadata_total} event${x.user_metadata_total === 1 ? "" : "s"})`));
   if (x.user_metadata.length) {
