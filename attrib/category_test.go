@@ -298,3 +298,35 @@ func TestLaterBoundariesWalkedOrRead(t *testing.T) {
 		}
 	}
 }
+
+// The bands of a window are allocations of many instants, not the live set
+// of one: each is sorted as the layouts at the boundaries after it say,
+// never by frees walked from an instant it was not live at.
+func TestBandCategoriesReadLayouts(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr, _ := recordWithTruth(t, db, smallTrain(), true)
+	traces := []gpu.Trace{tr}
+	for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
+		traces = append(traces, importSnapshot(t, db, name)[0])
+	}
+	for _, tr := range traces {
+		bands, err := db.Bands(tr.ID, store.BandsQuery{T0: tr.FirstUS, T1: tr.LastUS + 1, W: 800, H: 400})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got [2]attrib.BandCategories
+		for i, limit := range []int64{0, 1 << 40} {
+			c, err := attrib.NewCategorizer(db, tr.ID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			attrib.SetWalkLimit(c, limit)
+			if got[i], err = c.BandCategories(bands.Bands); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(bands.Bands) == 0 || fmt.Sprint(got[0]) != fmt.Sprint(got[1]) {
+			t.Fatalf("%s: %d bands; read %v\nwalked %v", tr.Name, len(bands.Bands), got[0].Band, got[1].Band)
+		}
+	}
+}

@@ -202,15 +202,25 @@ func (l *later) alive(b *store.LiveBlock, u int64) (bool, error) {
 	if freed, ok := l.freed[u]; ok {
 		return !freed[b.Addr], nil
 	}
-	l.c.mu.Lock()
-	s, ok := l.c.alive[u] // read for an earlier live set, past the walk limit
-	l.c.mu.Unlock()
-	if ok {
-		return s[keyOf(&b.Block)], nil
+	if l.ls.TimeUS != store.NoInstant && !l.c.read(u) {
+		freed, ok, err := l.walk(u)
+		if err != nil || ok {
+			return !freed[b.Addr], err
+		}
 	}
-	freed := map[uint64]bool{}
+	// Allocations of many instants (a window's bands) were not all live at
+	// one to walk on from; a boundary read for an earlier set is kept; one
+	// past the walk limit is read: the layout at u says.
+	s, err := l.c.aliveAt(u, l.rd)
+	return s[keyOf(&b.Block)], err
+}
+
+// walk gathers the addresses freed after the set up to u, when that is
+// within the walk limit (ok).
+func (l *later) walk(u int64) (freed map[uint64]bool, ok bool, err error) {
+	freed = map[uint64]bool{}
 	n, past := int64(0), false
-	err := l.rd.Events(l.ls.Seq+1, l.ls.Seq+1+l.c.walkLimit, func(e *gpu.Event) bool {
+	err = l.rd.Events(l.ls.Seq+1, l.ls.Seq+1+l.c.walkLimit, func(e *gpu.Event) bool {
 		if past = e.TimeUS > u; past {
 			return false
 		}
@@ -220,18 +230,22 @@ func (l *later) alive(b *store.LiveBlock, u int64) (bool, error) {
 		n++
 		return true
 	})
-	if err != nil {
-		return false, err
-	}
-	if !past && n == l.c.walkLimit {
-		s, err := l.c.aliveAt(u, l.rd)
-		return s[keyOf(&b.Block)], err
+	if err != nil || !past && n == l.c.walkLimit {
+		return nil, false, err
 	}
 	if l.freed == nil {
 		l.freed = map[int64]map[uint64]bool{}
 	}
 	l.freed[u] = freed
-	return !freed[b.Addr], nil
+	return freed, true, nil
+}
+
+// read says whether the layout at t has been read and kept.
+func (c *Categorizer) read(t int64) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	_, ok := c.alive[t]
+	return ok
 }
 
 // signsOf is what the frame rules find in stack s, read once per stack.
