@@ -122,6 +122,33 @@ const MaxMetadataChanges = 2000
 // StepPeaks answers the regions, the steps from the from-th on (limit of
 // them: their peaks cost their events) and the user_metadata changes.
 func (c *Categorizer) StepPeaks(from, limit int) (StepsAnswer, error) {
+	// Every trace page asks for it as it loads, and on a trace of millions
+	// of events it reads most of them: it is kept while the trace is as it
+	// was (the Cache makes a new categorizer when it changes).
+	key := [2]int{from, limit}
+	c.mu.Lock()
+	out, ok := c.stepPeaks[key]
+	c.mu.Unlock()
+	if ok {
+		return out, nil
+	}
+	out, err := c.readStepPeaks(from, limit)
+	if err != nil {
+		return out, err
+	}
+	c.mu.Lock()
+	if len(c.stepPeaks) >= maxStepPeaks {
+		clear(c.stepPeaks)
+	}
+	c.stepPeaks[key] = out
+	c.mu.Unlock()
+	return out, nil
+}
+
+// maxStepPeaks bounds the pages of step peaks a categorizer keeps.
+const maxStepPeaks = 8
+
+func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 	steps := Steps(c.regions)
 	total := len(steps)
 	steps = steps[min(from, total):min(from+limit, total)]

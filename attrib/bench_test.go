@@ -188,3 +188,34 @@ func BenchmarkSearchStacks(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkStepPeaks answers /steps (the first 2000 steps' peaks) of the
+// 10M-event training trace as every trace page asks on load: a first time
+// (a fresh categorizer), and again through the cache the server keeps.
+func BenchmarkStepPeaks(b *testing.B) {
+	db, t := trainingDB(b, 10_000_000)
+	defer db.Close()
+	b.Run("first", func(b *testing.B) {
+		for b.Loop() {
+			c, err := attrib.NewCategorizer(db, t.ID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := c.StepPeaks(0, 2000); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("again", func(b *testing.B) {
+		cache := attrib.NewCache(1)
+		for b.Loop() {
+			c, err := cache.Categorizer(db, t.ID)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := c.StepPeaks(0, 2000); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

@@ -59,9 +59,10 @@ type Categorizer struct {
 	phases    map[Phase]spans
 	optimizer []Region
 
-	mu    sync.Mutex                  // guards alive and signs: a categorizer serves concurrent requests
-	alive map[int64]map[blockKey]bool // the allocations live at boundaries looked at
-	signs map[gpu.StackID]frameSigns  // guarded by mu
+	mu        sync.Mutex                  // guards alive, signs and stepPeaks: a categorizer serves concurrent requests
+	alive     map[int64]map[blockKey]bool // the allocations live at boundaries looked at
+	signs     map[gpu.StackID]frameSigns  // guarded by mu
+	stepPeaks map[[2]int]StepsAnswer      // by (from, limit); guarded by mu
 	// walkLimit: past this many events, reading the layout at a later
 	// time from its checkpoint costs less than walking the events up to it.
 	walkLimit int64
@@ -81,7 +82,7 @@ func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
 		return nil, err
 	}
 	c := &Categorizer{db: db, trace: t, regions: Regions(anns, t.LastUS+1), phases: map[Phase]spans{},
-		alive: map[int64]map[blockKey]bool{}, signs: map[gpu.StackID]frameSigns{}, walkLimit: 8192}
+		alive: map[int64]map[blockKey]bool{}, signs: map[gpu.StackID]frameSigns{}, stepPeaks: map[[2]int]StepsAnswer{}, walkLimit: 8192}
 	for _, r := range c.regions {
 		if r.Step >= 0 {
 			c.steps = append(c.steps, r.StartUS)
