@@ -258,26 +258,39 @@ func TestOptimizerClosureOnRealSnapshot(t *testing.T) {
 	}
 }
 
-// Whether an allocation is still live at a later step or optimizer
-// boundary is read from the frees up to it, or past a number of events
-// from the layout there: both give the same category areas, on the
-// training loop and on real snapshots.
-func TestLaterBoundariesWalkedOrRead(t *testing.T) {
+// withRegions is a database of traces with steps and phases: the
+// training loop and two real snapshots.
+func withRegions(t *testing.T) (*store.DB, []gpu.Trace) {
 	db := testkit.OpenDB(t)
 	tr, _ := recordWithTruth(t, db, smallTrain(), true)
 	traces := []gpu.Trace{tr}
 	for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
 		traces = append(traces, importSnapshot(t, db, name)[0])
 	}
+	return db, traces
+}
+
+// walking is trace id's categorizer walking at most limit events to a
+// later boundary before it reads the layout there.
+func walking(t *testing.T, db *store.DB, id string, limit int64) *attrib.Categorizer {
+	c, err := attrib.NewCategorizer(db, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	attrib.SetWalkLimit(c, limit)
+	return c
+}
+
+// Whether an allocation is still live at a later step or optimizer
+// boundary is read from the frees up to it, or past a number of events
+// from the layout there: both give the same category areas, on the
+// training loop and on real snapshots.
+func TestLaterBoundariesWalkedOrRead(t *testing.T) {
+	db, traces := withRegions(t)
 	for _, tr := range traces {
 		var cs [3]*attrib.Categorizer
 		for i, limit := range []int64{0, 64, 1 << 40} { // read, both, walked
-			c, err := attrib.NewCategorizer(db, tr.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			attrib.SetWalkLimit(c, limit)
-			cs[i] = c
+			cs[i] = walking(t, db, tr.ID, limit)
 		}
 		if len(cs[0].Regions()) == 0 {
 			t.Fatalf("%s: no regions: no boundary to look past", tr.Name)
@@ -303,12 +316,7 @@ func TestLaterBoundariesWalkedOrRead(t *testing.T) {
 // of one: each is sorted as the layouts at the boundaries after it say,
 // never by frees walked from an instant it was not live at.
 func TestBandCategoriesReadLayouts(t *testing.T) {
-	db := testkit.OpenDB(t)
-	tr, _ := recordWithTruth(t, db, smallTrain(), true)
-	traces := []gpu.Trace{tr}
-	for _, name := range []string{"training_22k_user_metadata.pickle", "uint64_line_annotations.pickle"} {
-		traces = append(traces, importSnapshot(t, db, name)[0])
-	}
+	db, traces := withRegions(t)
 	for _, tr := range traces {
 		bands, err := db.Bands(tr.ID, store.BandsQuery{T0: tr.FirstUS, T1: tr.LastUS + 1, W: 800, H: 400})
 		if err != nil {
@@ -316,12 +324,7 @@ func TestBandCategoriesReadLayouts(t *testing.T) {
 		}
 		var got [2]attrib.BandCategories
 		for i, limit := range []int64{0, 1 << 40} {
-			c, err := attrib.NewCategorizer(db, tr.ID)
-			if err != nil {
-				t.Fatal(err)
-			}
-			attrib.SetWalkLimit(c, limit)
-			if got[i], err = c.BandCategories(bands.Bands); err != nil {
+			if got[i], err = walking(t, db, tr.ID, limit).BandCategories(bands.Bands); err != nil {
 				t.Fatal(err)
 			}
 		}
