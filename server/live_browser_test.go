@@ -153,6 +153,18 @@ func TestBrowserRunOfLiveRanks(t *testing.T) {
 	waitFor(t, ctx, "the ranks' statuses", `[...document.querySelectorAll("#peaks li")].map(li => li.querySelector(".badge.status")?.textContent ?? "").join() === "live,incomplete"`)
 	screenshot(t, ctx, dir, "run-live-ranks")
 
+	// The page follows the live rank: a larger peak later in the run shows
+	// without a reload, in a window that grew to hold it.
+	streaming.Emit([]gpu.Event{
+		{Seq: 2, TimeUS: 2000, Action: gpu.ActionSegmentAlloc, Addr: 8 << 30, Size: 4 << 30},
+		{Seq: 3, TimeUS: 3000, Action: gpu.ActionAlloc, Addr: 8 << 30, Size: 4 << 30},
+	})
+	for streaming.Acked() < 3 {
+		time.Sleep(10 * time.Millisecond)
+	}
+	waitFor(t, ctx, "the live rank's new peak", `runPage.page.data.rows.find(r => r.status === "live")?.peak_bytes === 8 * 2**30 && runPage.page.t1 >= 3000`)
+	screenshot(t, ctx, dir, "run-live-followed")
+
 	if err := streaming.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}

@@ -10,7 +10,7 @@ import { FrameScheduler } from "./frames.js";
 
 const root = document.getElementById("run");
 const id = root.dataset.id;
-const FULL = [Number(root.dataset.t0), Number(root.dataset.t1)];
+let FULL = [Number(root.dataset.t0), Number(root.dataset.t1)]; // grows while a rank streams
 const canvas = document.getElementById("heatmap");
 const wrap = document.getElementById("heatmap-wrap");
 const tip = document.getElementById("heatmap-tip");
@@ -62,9 +62,36 @@ async function load() {
     showPeaks();
     layout();
     frames.request("draw");
+    followLive();
   } catch (e) {
     if (e.name !== "AbortError") status.textContent = "Heatmap: " + e.message;
   }
+}
+
+// While a rank still streams, the run grows: the page reads it again every
+// few seconds, and a page showing the whole run follows its end.
+const FOLLOW_MS = 3000;
+let followTimer = 0;
+function followLive() {
+  clearTimeout(followTimer);
+  if (!page.data.rows.some((r) => r.status === "live")) return;
+  followTimer = setTimeout(async () => {
+    try {
+      const run = await api(`/api/runs/${id}`);
+      let t0 = Infinity, t1 = -Infinity;
+      for (const rk of run.ranks) {
+        for (const t of rk.traces) {
+          if (t.events > 0) { t0 = Math.min(t0, t.first_us); t1 = Math.max(t1, t.last_us); }
+        }
+      }
+      const whole = page.t0 === FULL[0] && page.t1 === FULL[1];
+      if (t1 >= t0) FULL = [t0, t1];
+      if (whole) [page.t0, page.t1] = FULL;
+    } catch {
+      // the heatmap's own request says what is wrong
+    }
+    load();
+  }, FOLLOW_MS);
 }
 
 function plotWidth() { return Math.max(100, wrap.clientWidth - LABEL_W - 8); }
@@ -240,7 +267,7 @@ function traceURL(row, t) {
 }
 
 const STATUS_TIPS = {
-  live: "still streaming: its figures grow; reload for the newest",
+  live: "still streaming: its figures grow, and the page follows them",
   incomplete: "its stream ended before the job said it was done: the trace stops there",
   failed: "the job failed while it was recorded",
 };
