@@ -31,6 +31,8 @@ type Request struct {
 	ID     int64
 	Size   uint64
 	Stream int64
+	// Stack is where the call was made: a malloc's events carry it, and so
+	// do a free's (0: the allocation's stack), as PyTorch records them.
 	Stack  gpu.StackID
 	TimeUS int64
 	// OOM marks a malloc that failed when the stream was recorded.
@@ -125,7 +127,7 @@ func (p *Replayer) Step(i int, r Request) error {
 			p.res.UnmatchedFrees++
 			return nil
 		}
-		if err := a.Free(ptr); err != nil {
+		if err := a.FreeFrom(ptr, r.Stack); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
 	case OpRecordStream:
@@ -222,7 +224,9 @@ func liveBlocks(l *gpu.Layout, fn func(id int64, seg, block int)) {
 // inferRuns). The live blocks of initial, the layout before the first
 // event, keep ids 1..n in address order: a Replayer started on initial
 // knows them by those ids. Its pending-free blocks are freed where their
-// free_completed comes.
+// free_completed comes. A free has the frames of the recorded free call
+// (free_requested's, or a pending block's free_completed's); its
+// free_completed, which follows at once, has the same, as PyTorch's do.
 func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
 	return fromEvents(initial, events, inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).emptyCache)
 }
@@ -256,11 +260,11 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 				id = -1 // allocated before the trace and unknown to the initial layout
 			}
 			delete(ids, e.Addr)
-			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
 		case gpu.ActionFreeCompleted:
 			if id, ok := pending[e.Addr]; ok {
 				delete(pending, e.Addr)
-				reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+				reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
 			}
 		case gpu.ActionOOM:
 			// The request that failed: replayed, it may succeed under other settings.

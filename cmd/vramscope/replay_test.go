@@ -212,8 +212,8 @@ func TestTraceWorkloadReplay(t *testing.T) {
 }
 
 // sameReplay fails unless stored trace id replays want: the same events,
-// allocations with the same frames, from blocks with the same frames, in
-// the same steps and phases (annotations).
+// allocations and frees with the same frames, from blocks with the same
+// frames, in the same steps and phases (annotations).
 func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
 	t.Helper()
 	events, err := s.Events(id, 0, int64(len(want.Events)))
@@ -229,8 +229,10 @@ func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
 	}
 	for i, e := range events {
 		w := want.Events[i]
-		// A free has the frames of its block (PyTorch's, of the free call).
-		framed := e.Action == gpu.ActionAlloc || e.Action == gpu.ActionSegmentAlloc || e.Action == gpu.ActionSegmentMap
+		// A free has the frames of the free call, as PyTorch records them,
+		// not those of its block.
+		framed := e.Action == gpu.ActionAlloc || e.Action == gpu.ActionSegmentAlloc || e.Action == gpu.ActionSegmentMap ||
+			e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted
 		if e.Action != w.Action || e.Addr != w.Addr || e.Size != w.Size || e.Stream != w.Stream || framed && !reflect.DeepEqual(stack(e.Stack), want.Stack(w.Stack)) {
 			t.Fatalf("event %d: stored %v (frames %v), snapshot %v (frames %v)", i, e, stack(e.Stack), w, want.Stack(w.Stack))
 		}

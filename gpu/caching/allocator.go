@@ -501,8 +501,16 @@ func (a *Allocator) RecordStream(addr uint64, stream int64) error {
 	return nil
 }
 
-// Free releases the allocation at addr (DeviceCachingAllocator::free).
-func (a *Allocator) Free(addr uint64) error {
+// Free releases the allocation at addr (DeviceCachingAllocator::free);
+// its events carry the allocation's stack.
+func (a *Allocator) Free(addr uint64) error { return a.FreeFrom(addr, 0) }
+
+// FreeFrom is Free called from stack (0: unknown): as PyTorch stamps a
+// free's trace entries with the context of the free call, free_requested
+// carries stack, and so does free_completed when the block goes back at
+// once; a completion that waits for other streams comes from no call and
+// carries the allocation's stack, as do the entries of a free from stack 0.
+func (a *Allocator) FreeFrom(addr uint64, stack gpu.StackID) error {
 	if addr == 0 {
 		return nil // freeing the null pointer of a zero-byte malloc does nothing
 	}
@@ -515,14 +523,17 @@ func (a *Allocator) Free(addr uint64) error {
 	si := b.pool.statIndex()
 	a.stats.Allocation.decrease(si, 1)
 	a.stats.AllocatedBytes.decrease(si, int64(b.size))
-	a.emit(gpu.ActionFreeRequested, b.addr, b.requested, b.stream, b.size, b.pool.kind(), b.stack)
+	if stack == 0 {
+		stack = b.stack
+	}
+	a.emit(gpu.ActionFreeRequested, b.addr, b.requested, b.stream, b.size, b.pool.kind(), stack)
 	if b.size >= a.cfg.MaxSplitSize {
 		a.stats.OversizeAllocations.decrease(1)
 	}
 	if len(b.streamUses) > 0 {
 		return a.insertEvents(b)
 	}
-	a.freeBlock(b)
+	a.freeBlock(b, stack)
 	return nil
 }
 
@@ -558,7 +569,7 @@ func (a *Allocator) processEvents() error {
 		}
 		p.block.eventCount--
 		if p.block.eventCount == 0 {
-			a.freeBlock(p.block)
+			a.freeBlock(p.block, p.block.stack)
 		}
 	}
 	clear(a.pending[len(kept):])
@@ -567,9 +578,9 @@ func (a *Allocator) processEvents() error {
 }
 
 // freeBlock is free_block: the block goes back to its pool, merged with free
-// neighbours.
-func (a *Allocator) freeBlock(b *Block) {
-	a.emit(gpu.ActionFreeCompleted, b.addr, b.requested, b.stream, b.size, b.pool.kind(), b.stack)
+// neighbours; free_completed carries stack.
+func (a *Allocator) freeBlock(b *Block, stack gpu.StackID) {
+	a.emit(gpu.ActionFreeCompleted, b.addr, b.requested, b.stream, b.size, b.pool.kind(), stack)
 	origSize, requested := b.size, b.requested
 	pool := b.pool
 	var netCount, netBytes int64
@@ -705,7 +716,7 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 		}
 		p.block.eventCount--
 		if p.block.eventCount == 0 {
-			a.freeBlock(p.block)
+			a.freeBlock(p.block, p.block.stack)
 		}
 	}
 	clear(a.pending)

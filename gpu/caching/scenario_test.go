@@ -432,6 +432,57 @@ func TestScenarioF_CrossStreamFree(t *testing.T) {
 	h.checkInvariants()
 }
 
+// TestFreeFromStacks: a free's entries carry the free call's stack, as
+// PyTorch's do; a completion that waits for another stream, and a free
+// from no known stack, carry the allocation's.
+func TestFreeFromStacks(t *testing.T) {
+	const allocated, freed gpu.StackID = 7, 9
+	h := newHarness(t, 1<<30, "")
+	seen := 0
+	stacks := func(p uint64) map[gpu.Action]gpu.StackID {
+		h.a.Flush()
+		got := map[gpu.Action]gpu.StackID{}
+		for _, e := range h.rec.events[seen:] {
+			if e.Addr == p && (e.Action == gpu.ActionFreeRequested || e.Action == gpu.ActionFreeCompleted) {
+				got[e.Action] = e.Stack
+			}
+		}
+		seen = len(h.rec.events)
+		return got
+	}
+	for _, c := range []struct {
+		from, requested, completed gpu.StackID
+		otherStream                bool
+	}{
+		{freed, freed, freed, false},
+		{0, allocated, allocated, false},
+		{freed, freed, allocated, true},
+	} {
+		p, err := h.a.Malloc(MiB, 1, allocated)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.otherStream {
+			h.dev.Hold(2)
+			if err := h.a.RecordStream(p, 2); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := h.a.FreeFrom(p, c.from); err != nil {
+			t.Fatal(err)
+		}
+		if c.otherStream {
+			h.dev.Release(2)
+			h.mallocOn(512, 1) // completes the free
+		}
+		want := map[gpu.Action]gpu.StackID{gpu.ActionFreeRequested: c.requested, gpu.ActionFreeCompleted: c.completed}
+		if got := stacks(p); fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("freed from stack %d (other stream %v): stacks %v, want %v", c.from, c.otherStream, got, want)
+		}
+	}
+	h.checkInvariants()
+}
+
 func TestOOMWithFractionAndGC(t *testing.T) {
 	h := newHarness(t, 100*MiB, "garbage_collection_threshold:0.5,per_process_memory_fraction:0.5")
 	a := h.malloc(20 * MiB)
