@@ -180,3 +180,67 @@ func mustTrace(t *testing.T, f *fixture, id string) gpu.Trace {
 	}
 	return tr
 }
+
+// The trace list follows what streams: a live trace's events, peak and
+// badge grow without a reload, its end shows, rows that did not change
+// stay as they were, and once nothing on it is live the list stops
+// reading itself.
+func TestBrowserListFollowsLiveTrace(t *testing.T) {
+	ctx := browser(t)
+	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
+	dir := shotDir(t)
+	importSnapshot(t, f.db, "training_22k_user_metadata.pickle")
+	dial := func(name string, run *live.RunJoin) *live.Client {
+		c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: gpu.TraceMeta{Name: name, Source: gpu.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}, Run: run})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	emit := func(c *live.Client, events ...gpu.Event) {
+		c.Emit(events)
+		for c.Acked() < events[len(events)-1].Seq {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	streaming := dial("streaming", nil)
+	emit(streaming,
+		gpu.Event{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 30, Size: 1 << 30},
+		gpu.Event{Seq: 1, TimeUS: 1000, Action: gpu.ActionAlloc, Addr: 1 << 30, Size: 1 << 30})
+	rank := dial("job", &live.RunJoin{Name: "job", Rank: 0, WorldSize: 1})
+	emit(rank, gpu.Event{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 30, Size: 2 << 20})
+
+	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/"))
+	row := `document.querySelector('tr[data-id="` + streaming.TraceID() + `"]')`
+	cells := row + `.cells`
+	runRow := `document.querySelector("tr.run-row")`
+	waitFor(t, ctx, "the live row", row+` && `+row+`.dataset.live === "" && `+cells+`[3].textContent === "live" && `+cells+`[4].querySelector(".events")?.textContent === "2 events" && `+cells+`[5].textContent === "1.00 GiB"`)
+	waitFor(t, ctx, "the live run", runRow+`?.dataset.live === ""`)
+	// Marks a reload or a swapped row would lose.
+	within(t, ctx, "mark", chromedp.Evaluate[bool](`window.notReloaded = true; document.querySelector('tr[data-id="`+f.id+`"]').notSwapped = true`))
+
+	emit(streaming,
+		gpu.Event{Seq: 2, TimeUS: 2000, Action: gpu.ActionSegmentAlloc, Addr: 8 << 30, Size: 4 << 30},
+		gpu.Event{Seq: 3, TimeUS: 3000, Action: gpu.ActionAlloc, Addr: 8 << 30, Size: 4 << 30})
+	waitFor(t, ctx, "the live row's growth", cells+`[4].querySelector(".events")?.textContent === "4 events" && `+cells+`[5].textContent === "5.00 GiB" && `+cells+`[4].textContent.startsWith("3.0 ms")`)
+	screenshot(t, ctx, dir, "list-live")
+	if ok := within(t, ctx, "marks", chromedp.Evaluate[bool](`window.notReloaded === true && document.querySelector('tr[data-id="`+f.id+`"]').notSwapped === true`)); !ok {
+		t.Error("the list reloaded, or swapped a row that did not change")
+	}
+
+	if err := streaming.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the end of the stream", cells+`[3].textContent === "complete" && `+row+`.dataset.live === undefined && !`+cells+`[4].querySelector(".events")`)
+	if err := rank.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, ctx, "the end of the run's stream", runRow+`.dataset.live === undefined`)
+	screenshot(t, ctx, dir, "list-live-ended")
+	reads := `performance.getEntriesByType("resource").filter(e => e.initiatorType === "xmlhttprequest").length`
+	before := within(t, ctx, "list reads", chromedp.Evaluate[int](reads))
+	time.Sleep(4 * time.Second) // longer than the list waits between reads
+	if after := within(t, ctx, "list reads", chromedp.Evaluate[int](reads)); after != before || before == 0 {
+		t.Errorf("the list read itself %d times while live, %d more once nothing was", before, after-before)
+	}
+}

@@ -124,24 +124,79 @@ drop?.addEventListener("drop", async (e) => {
 });
 drop?.addEventListener("keydown", (e) => { if (e.key === "Enter" || e.key === " ") { e.preventDefault(); file.click(); } });
 
-for (const btn of document.querySelectorAll("button.delete")) {
-  btn.addEventListener("click", async () => {
-    if (btn.dataset.armed !== "1") {
-      btn.dataset.armed = "1";
-      btn.textContent = "Really delete?";
-      btn.classList.add("armed");
-      setTimeout(() => { btn.dataset.armed = ""; btn.textContent = "Delete"; btn.classList.remove("armed"); }, 4000);
-      return;
-    }
-    btn.disabled = true;
-    const url = btn.dataset.run ? "/api/runs/" + encodeURIComponent(btn.dataset.run) : "/api/traces/" + encodeURIComponent(btn.dataset.id);
-    try {
-      await apiDelete(url);
-      btn.closest("tr").remove();
-      setStatus("Deleted " + btn.dataset.name + ".");
-    } catch (e) {
-      btn.disabled = false;
-      setStatus("Could not delete " + btn.dataset.name + ": " + e.message, true);
-    }
+// Delete buttons are found by the click, so rows swapped in by followLive
+// have working ones.
+const deleted = new Set(); // rows deleted here, which a list read before may still hold
+document.querySelector("table.traces")?.addEventListener("click", async (e) => {
+  const btn = e.target.closest("button.delete");
+  if (!btn) return;
+  if (btn.dataset.armed !== "1") {
+    btn.dataset.armed = "1";
+    btn.textContent = "Really delete?";
+    btn.classList.add("armed");
+    setTimeout(() => { btn.dataset.armed = ""; btn.textContent = "Delete"; btn.classList.remove("armed"); }, 4000);
+    return;
+  }
+  btn.disabled = true;
+  const url = btn.dataset.run ? "/api/runs/" + encodeURIComponent(btn.dataset.run) : "/api/traces/" + encodeURIComponent(btn.dataset.id);
+  try {
+    await apiDelete(url);
+    const tr = btn.closest("tr");
+    deleted.add(rowKey(tr));
+    tr.remove();
+    setStatus("Deleted " + btn.dataset.name + ".");
+  } catch (e) {
+    btn.disabled = false;
+    setStatus("Could not delete " + btn.dataset.name + ": " + e.message, true);
+  }
+});
+
+// While a trace on the list streams, its row grows (events, peaks) and at
+// last ends: the page reads itself again every few seconds, while a row is
+// live and the tab is shown, and swaps in the rows that changed. Rows that
+// did not change stay as they are, as does a row whose delete is armed; a
+// run keeps its ranks open.
+const FOLLOW_MS = 3000;
+const rows = document.querySelector("table.traces tbody");
+const rowKey = (tr) => (tr.dataset.run ? "run " + tr.dataset.run : "trace " + tr.dataset.id);
+
+/** readList reads the list as the server renders it now (null: it could not). */
+function readList() {
+  // An XHR document, not DOMParser: the page allows no markup from strings
+  // (trusted types), and this is the server's own page, parsed inert.
+  return new Promise((resolve) => {
+    const xhr = new XMLHttpRequest();
+    xhr.open("GET", location.href);
+    xhr.responseType = "document";
+    xhr.addEventListener("load", () => resolve(xhr.status === 200 ? xhr.response : null));
+    xhr.addEventListener("error", () => resolve(null));
+    xhr.send();
   });
 }
+
+async function refreshRows() {
+  const doc = await readList();
+  const fresh = doc?.querySelector("table.traces tbody");
+  if (!fresh) return;
+  const shown = new Map([...rows.children].map((tr) => [rowKey(tr), tr]));
+  const kept = [...fresh.children].filter((tr) => !deleted.has(rowKey(tr)));
+  rows.replaceChildren(...kept.map((tr) => {
+    const was = shown.get(rowKey(tr));
+    if (was) {
+      if (was.querySelector("details")?.open) tr.querySelector("details")?.setAttribute("open", "");
+      if (was.outerHTML === tr.outerHTML || was.querySelector("button.delete.armed, button.delete:disabled")) return was;
+    }
+    return document.importNode(tr, true);
+  }));
+  const range = doc.getElementById("list-range");
+  if (range) document.getElementById("list-range").textContent = range.textContent;
+}
+
+function followLive() {
+  if (!rows?.querySelector("tr[data-live]")) return;
+  setTimeout(async () => {
+    if (!document.hidden) await refreshRows();
+    followLive();
+  }, FOLLOW_MS);
+}
+followLive();

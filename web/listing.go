@@ -124,6 +124,7 @@ type RunRow struct {
 	OOMs                        int64
 	FirstOOM                    string // the id of a trace that ran out of memory, "" for none
 	Traces                      int
+	Live                        bool // a rank still streams
 }
 
 // NewRunRow sums up run, listed as its trace worst.
@@ -135,6 +136,7 @@ func NewRunRow(run gpu.Run, worst gpu.Trace) RunRow {
 			row.PeakReserved = max(row.PeakReserved, t.PeakReserved)
 			row.PeakAllocated = max(row.PeakAllocated, t.PeakAllocated)
 			row.OOMs += t.OOMs
+			row.Live = row.Live || t.Status == gpu.StatusLive
 			if t.OOMs > 0 && row.FirstOOM == "" {
 				row.FirstOOM = t.ID
 			}
