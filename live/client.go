@@ -168,6 +168,19 @@ func (c *Client) connect() (*websocket.Conn, error) {
 		conn.Close()
 		return nil, &FatalError{r.Error}
 	}
+	if r.Type == "done" {
+		// The trace was ended: by this stream's end, whose done was lost,
+		// when it is ending.
+		conn.Close()
+		c.mu.Lock()
+		ending := c.ending
+		c.trim(r.Seq)
+		c.mu.Unlock()
+		if ending {
+			return nil, errFinished
+		}
+		return nil, &FatalError{fmt.Sprintf("trace %s has ended", r.Trace)}
+	}
 	if r.Type != "ready" {
 		conn.Close()
 		return nil, fmt.Errorf("live: hello answered with %q", r.Type)
@@ -228,6 +241,10 @@ func (c *Client) run(conn *websocket.Conn) {
 			break
 		}
 		conn, err = c.reconnect()
+		if errors.Is(err, errFinished) {
+			err = nil
+			break
+		}
 		if err != nil {
 			break
 		}
@@ -246,7 +263,7 @@ func (c *Client) reconnect() (*websocket.Conn, error) {
 	for {
 		conn, err := c.connect()
 		var fatal *FatalError
-		if err == nil || errors.As(err, &fatal) || time.Now().After(deadline) {
+		if err == nil || errors.As(err, &fatal) || errors.Is(err, errFinished) || time.Now().After(deadline) {
 			return conn, err
 		}
 		time.Sleep(wait)

@@ -99,7 +99,14 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	s := &ingestConn{h: h, c: c, done: make(chan struct{}), ids: map[uint64]gpu.StackID{}}
 	defer close(s.done)
 	var tr gpu.Trace
-	if tr, err = s.open(&hi); err != nil {
+	if tr, err = s.open(&hi); errors.Is(err, errEnded) {
+		// A client whose done was lost learns that its end was stored.
+		c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
+		if c.WriteJSON(reply{Type: "done", Trace: tr.ID, Seq: tr.LastSeq}) == nil {
+			c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
+		}
+		return
+	} else if err != nil {
 		reject(c, h.opt.WriteWait, "%v", err)
 		return
 	}
@@ -142,6 +149,10 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	}
 }
 
+// errEnded is open's answer to a hello resuming a trace that was ended
+// (complete or failed): only its stream's end message ends one so.
+var errEnded = errors.New("the trace has ended")
+
 // open creates or resumes the trace the hello names.
 func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 	h := s.h
@@ -155,6 +166,15 @@ func (s *ingestConn) open(hi *hello) (gpu.Trace, error) {
 		}
 		s.t = h.topic(tr.ID)
 		if err := s.t.claim(s); err != nil {
+			h.release(s.t)
+			return tr, err
+		}
+		// Read again once the stream before has let go: its end is stored.
+		if tr, err = h.db.Trace(tr.ID); err == nil && (tr.Status == gpu.StatusComplete || tr.Status == gpu.StatusFailed) {
+			err = errEnded
+		}
+		if err != nil {
+			s.t.unclaim(s)
 			h.release(s.t)
 			return tr, err
 		}

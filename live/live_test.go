@@ -298,6 +298,74 @@ func TestResumeAfterCutMidBatch(t *testing.T) {
 	}
 }
 
+// TestEndWhoseDoneWasLost: the connection dies after the server stored
+// the end, before its done reaches the client. The client connects again
+// and the server answers the hello with done: Close reports the end, which
+// holds. A client not ending that resumes the ended trace is refused.
+func TestEndWhoseDoneWasLost(t *testing.T) {
+	ts := newTestServer(t, Options{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	var dropped atomic.Bool
+	go func() {
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("tcp", strings.TrimPrefix(ts.srv.URL, "http://"))
+			if err != nil {
+				in.Close()
+				continue
+			}
+			go func() { io.Copy(out, in); out.Close() }()
+			go func() {
+				defer in.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := out.Read(buf)
+					// The server's frames are not masked: the first done
+					// is seen, and dropped with its connection.
+					if strings.Contains(string(buf[:n]), `{"type":"done"`) && dropped.CompareAndSwap(false, true) {
+						out.Close()
+						return
+					}
+					if _, werr := in.Write(buf[:n]); werr != nil || err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	w := train(t)
+	c, err := Dial("http://"+ln.Addr().String(), "", ClientOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	send(c, w, 500)
+	if err := c.Close(gpu.StatusFailed); err != nil {
+		t.Fatalf("closing: %v", err)
+	}
+	if !dropped.Load() {
+		t.Fatal("no done was dropped")
+	}
+	checkStored(t, ts.db, c.TraceID(), w)
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != gpu.StatusFailed {
+		t.Fatalf("status %s after the end", tr.Status)
+	}
+	other := &Client{url: c.url, hdr: c.hdr, opt: c.opt, trace: c.TraceID(), defined: map[uint64]bool{}, done: make(chan struct{}), acked: -1}
+	other.cond = sync.NewCond(&other.mu)
+	if _, err := other.connect(); err == nil || !strings.Contains(err.Error(), "trace "+c.TraceID()+" has ended") {
+		t.Fatalf("resuming an ended trace: %v", err)
+	}
+	if tr, _ := ts.db.Trace(c.TraceID()); tr.Status != gpu.StatusFailed {
+		t.Fatalf("status %s after a refused resume", tr.Status)
+	}
+}
+
 func TestDroppedStreamIsIncompleteAndResumable(t *testing.T) {
 	ts := newTestServer(t, Options{})
 	w := train(t)

@@ -318,3 +318,36 @@ func TestPythonWatchUnreachable(t *testing.T) {
 		t.Fatal("watch() did not raise after one try")
 	}
 }
+
+// The connection drops while the trace ends, between the helper's end and
+// the server's done: close() makes it again and ends the trace, whether
+// the server had read the end (only done was lost) or not.
+func TestPythonWatchCutAtTheEnd(t *testing.T) {
+	py := python(t)
+	snap := snapshotPath("oom_nonexpandable.json")
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	defer srv.Close()
+	helper, _ := filepath.Abs("python")
+	for _, where := range []string{"after-end", "in-end"} {
+		out, err := exec.Command(py, "testdata/watch_end_driver.py", helper, srv.URL, snap, where).CombinedOutput()
+		text := string(out)
+		t.Logf("%s: driver:\n%s", where, text)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(text, "cut 1\n") || strings.Contains(text, "failed") {
+			t.Fatalf("%s: the end was not cut, or not finished", where)
+		}
+		var id string
+		for _, line := range strings.Split(text, "\n") {
+			if s, ok := strings.CutPrefix(line, "traces "); ok {
+				id = s
+			}
+		}
+		tr, err := db.Trace(id)
+		if err != nil || tr.Status != gpu.StatusComplete || tr.Events == 0 {
+			t.Fatalf("%s: trace %q: %+v, %v", where, id, tr, err)
+		}
+	}
+}

@@ -37,7 +37,9 @@
 // events up to N (and A annotations) are committed, ends with {"type":"done","seq":N} after the client's
 // {"type":"end","status":"complete"|"failed"}, and sends
 // {"type":"error","error":"..."} before closing on anything it refuses.
-// A connection that drops leaves the trace incomplete, ready to resume.
+// A connection that drops leaves the trace incomplete, ready to resume; a
+// hello resuming a trace that was ended (complete or failed) is answered
+// with its done, so a client whose done was lost learns its end was stored.
 //
 // Viewers (GET /ws/traces/{id}) get text messages
 //

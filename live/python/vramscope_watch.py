@@ -94,6 +94,11 @@ class ServerError(Exception):
     """The server refused the stream; retrying would not help."""
 
 
+class _Ended(ServerError):
+    """The server says the trace was ended: by this stream's end, when the
+    done that answered it was lost."""
+
+
 class _WebSocket:
     """A websocket client: text frames out (masked), frames in."""
 
@@ -365,6 +370,9 @@ class Watcher:
         if r.get("type") == "error":
             ws.close()
             raise ServerError(r.get("error"))
+        if r.get("type") == "done":
+            ws.close()
+            raise _Ended("trace %s has ended" % r.get("trace"))
         if self.trace is None:
             self.traces.append(r["trace"])
             print("vramscope: watching live at %s%s" % (self.base, r.get("url", "")), file=self.out)
@@ -429,18 +437,39 @@ class Watcher:
                 time.sleep(wait)
                 wait = min(wait * 2, 2.0)
 
-    def _end(self, status):
-        """Ends the current trace: everything sent, then end, then done."""
-        self._send()
-        if self.ws is None:
-            return
-        self.ws.send({"type": "end", "status": status})
+    def _end(self, status, retry_for=60.0):
+        """Ends the current trace: everything sent, then end, then done. A
+        connection that drops before done comes is made again, what the
+        server lacks sent again, and end with it, as for every other
+        message; a server that had stored the end answers the new
+        connection with done."""
+        deadline = time.monotonic() + retry_for
+        wait = 0.05
         while True:
-            r = self.ws.recv()
-            if r.get("type") == "done":
+            try:
+                self._send(retry_for=max(0.0, deadline - time.monotonic()))
+            except _Ended:
+                return  # the end was stored; its done was lost
+            try:
+                self.ws.send({"type": "end", "status": status})
+                while True:
+                    r = self.ws.recv()
+                    if r.get("type") == "done":
+                        break
+                    if r.get("type") == "ack":
+                        self._acked(r["seq"])
+                    elif r.get("type") == "error":
+                        raise ServerError(r.get("error"))
                 break
-            if r.get("type") == "error":
-                raise ServerError(r.get("error"))
+            except ServerError:
+                raise
+            except (OSError, ConnectionError, ValueError) as e:
+                self.ws.sock.close()
+                self.ws = None
+                if time.monotonic() > deadline:
+                    raise ConnectionError("vramscope: server unreachable: %s" % e)
+                time.sleep(wait)
+                wait = min(wait * 2, 2.0)
         self.ws.close()
         self.ws = None
 

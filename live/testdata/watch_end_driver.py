@@ -1,0 +1,58 @@
+"""Streams the entries of a real snapshot, in place of torch, and cuts the
+connection once while the trace ends: argv = helper dir, server URL, the
+snapshot, where to cut. "after-end": the end message is sent whole and the
+connection dies before done is read (the server may have stored the end);
+"in-end": the end message is cut off halfway (the server never read it).
+close() must end the trace either way, as the job asked."""
+import pickle
+import sys
+import threading
+
+sys.path.insert(0, sys.argv[1])
+import vramscope_watch as vw  # noqa: E402
+
+url, path, where = sys.argv[2:5]
+with open(path, "rb") as f:
+    full = pickle.load(f)
+entries = full["device_traces"][0]
+entries = entries[:next(i for i, e in enumerate(entries) if e["action"] == "oom")]
+state = {"n": 0}
+finished = threading.Event()
+
+
+def snapshot():
+    n = state["n"]
+    if n >= len(entries):
+        finished.set()
+    state["n"] = min(len(entries), n + 500)
+    return {"segments": [], "device_traces": [entries[:n]]}
+
+
+send, frame, cuts = vw._WebSocket.send, vw._WebSocket._frame, {"n": 0}
+
+
+def cutting_send(self, obj):
+    if obj.get("type") != "end" or cuts["n"] > 0:
+        return send(self, obj)
+    cuts["n"] += 1
+    if where == "after-end":
+        send(self, obj)
+        self.sock.close()  # dead before done can be read
+        return
+    sock = self.sock
+
+    def half(data):
+        sock.send(data[:len(data) // 2])
+        sock.close()
+        raise OSError("connection cut")
+
+    self.sock = type("Cut", (), {"sendall": staticmethod(half), "close": sock.close})()
+    return send(self, obj)
+
+
+vw._WebSocket.send = cutting_send
+w = vw.watch(url, device=0, interval=0.01, snapshot=snapshot, start_recording=lambda n: None, out=sys.stdout)
+finished.wait(60)
+w.close()
+print("cut", cuts["n"])
+print("traces", " ".join(w.traces))
