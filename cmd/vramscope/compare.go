@@ -98,7 +98,7 @@ func printCompare(w io.Writer, r *compare.Result) error {
 		name string
 		side compare.Side
 	}{{"A", r.A}, {"B", r.B}} {
-		fmt.Fprintf(w, "%s  %s  %s (%d events, %s)\n", s.name, s.side.ID, s.side.Title(), s.side.Events, s.side.DeviceName)
+		fmt.Fprintf(w, "%s  %s  %s (%d events, %s)\n", s.name, s.side.ID, oneLine(s.side.Title()), s.side.Events, oneLine(s.side.DeviceName))
 		if s.side.SampledEvery > 1 {
 			fmt.Fprintf(w, "   compared at a sample: each kept event stands for %d (those with the least and the most bytes)\n", s.side.SampledEvery)
 		}
@@ -143,7 +143,7 @@ func printCompare(w io.Writer, r *compare.Result) error {
 		if s.Differs {
 			mark = "*"
 		}
-		fmt.Fprintf(tw, "%s %s\t%s\t%s\n", mark, s.Key, s.A, s.B)
+		fmt.Fprintf(tw, "%s %s\t%s\t%s\n", mark, oneLine(s.Key), oneLine(s.A), oneLine(s.B))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -155,7 +155,7 @@ func printCompare(w io.Writer, r *compare.Result) error {
 		tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 		fmt.Fprintf(tw, "%s\tA\tB\tB − A\n", strings.ToUpper(groupName[r.Group]))
 		for _, d := range m.Rows {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", d.Label, gpu.FormatBytes(d.A), gpu.FormatBytes(d.B), signed(d.Delta))
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", oneLine(d.Label), gpu.FormatBytes(d.A), gpu.FormatBytes(d.B), signed(d.Delta))
 		}
 		if err := tw.Flush(); err != nil {
 			return err

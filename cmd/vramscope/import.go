@@ -197,7 +197,7 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 	}
 	for _, r := range out {
 		for _, d := range r.Devices {
-			printFigures(stdout, d, fmt.Sprintf("rank %d (%s) ", r.Rank, r.File), addr)
+			printFigures(stdout, d, fmt.Sprintf("rank %d (%s) ", r.Rank, oneLine(r.File)), addr)
 		}
 	}
 	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
@@ -258,9 +258,9 @@ func (p *runProgress) Next() (ingest.RunFile, error) {
 		p.mu.Lock()
 		p.read++
 		if p.total > 0 {
-			fmt.Fprintf(p.w, "read %s (%d/%d)\n", f.Name, p.read, p.total)
+			fmt.Fprintf(p.w, "read %s (%d/%d)\n", oneLine(f.Name), p.read, p.total)
 		} else { // a tar's files are counted as they come
-			fmt.Fprintf(p.w, "read %s (%d)\n", f.Name, p.read)
+			fmt.Fprintf(p.w, "read %s (%d)\n", oneLine(f.Name), p.read)
 		}
 		p.mu.Unlock()
 		if closeFile != nil {

@@ -99,9 +99,9 @@ func runList(args []string, stdout, stderr io.Writer) error {
 	for _, l := range out {
 		run := "–"
 		if l.Run != nil {
-			run = fmt.Sprintf("%s, rank %d", l.Run.Name, l.Run.Rank)
+			run = fmt.Sprintf("%s, rank %d", oneLine(l.Run.Name), l.Run.Rank)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", l.ID, l.Title(), l.Source, l.Status, l.Events,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%s\n", l.ID, oneLine(l.Title()), l.Source, l.Status, l.Events,
 			gpu.FormatBytes(l.PeakAllocated), gpu.FormatBytes(l.PeakReserved), l.OOMs, run)
 	}
 	return tw.Flush()

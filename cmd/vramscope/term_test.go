@@ -1,6 +1,7 @@
 package main
 
 import (
+	"archive/tar"
 	"bytes"
 	"context"
 	"os"
@@ -23,6 +24,7 @@ func TestTermWriter(t *testing.T) {
 		"8-bit CSI \xc2\x9b2J, a lone \x9b2J":      `8-bit CSI \u009b2J, a lone \x9b2J`,
 		"rank0\u202Elekcip.exe \u2066x\u2069 \x7f": `rank0\u202elekcip.exe \u2066x\u2069 \x7f`,
 		"\x00\x08": `\x00\x08`,
+		"line\u2028and paragraph\u2029separators": `line\u2028and paragraph\u2029separators`,
 	} {
 		var b bytes.Buffer
 		n, err := termWriter{&b}.Write([]byte(in))
@@ -118,6 +120,64 @@ func TestCLINamesRefused(t *testing.T) {
 		defer db.Close()
 		if trs, _ := db.Traces(); len(trs) != 0 {
 			t.Errorf("refused names stored %d traces", len(trs))
+		}
+	}
+}
+
+// Text from uploaded files stays on its line: frame names, allocator
+// settings, trace and run names and a run's file names that hold carriage
+// returns, newlines, vertical tabs, form feeds (which tabwriter reads as
+// cell and line ends) and line separators reach the terminal escaped,
+// through list, compare (by frame and by stack) and import --run, and
+// forge no line.
+func TestOutputKeepsUploadedTextOnItsLine(t *testing.T) {
+	dir := t.TempDir()
+	dbPath := filepath.Join(dir, "v.db")
+	db, err := store.Open(dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	breaks := []string{"a\r\nFORGED", "b\rFORGED", "c\nFORGED", "d\vFORGED\fFORGED\u2028FORGED\u2029FORGED"}
+	snap := hostile.SnapshotWith(t, testkit.Snapshot(t, "windows_paths_small.pickle"), breaks)
+	traces, err := pytorch.Decode(bytes.NewReader(snap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := ingest.Store(context.Background(), db, traces, "name\r\nFORGED")
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	if code, _, errs := runCmd("import", testkit.Snapshot(t, "windows_paths_small.pickle"), "--db", dbPath); code != 0 {
+		t.Fatal(errs)
+	}
+	_, list, _ := runCmd("list", "--db", dbPath)
+	b := strings.Fields(strings.Split(list, "\n")[1])[0]
+	// A run's file names are checked, their folders' names are not.
+	data, err := os.ReadFile(testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: "job\rFORGED/rank0.pickle", Size: int64(len(data)), Mode: 0o644, Typeflag: tar.TypeReg})
+	tw.Write(data)
+	tw.Close()
+	job := filepath.Join(dir, "job.tar")
+	os.WriteFile(job, buf.Bytes(), 0o644)
+	for _, args := range [][]string{{"list"}, {"compare", a[0], b}, {"compare", "--group", "stack", a[0], b}, {"import", "--run", "job", job}} {
+		code, out, errs := runCmd(append(args, "--db", dbPath)...)
+		if code != 0 {
+			t.Fatalf("%v: exit %d: %s", args, code, errs)
+		}
+		for _, bad := range []string{"\nFORGED", "\rFORGED", "\v", "\f", "\u2028", "\u2029"} {
+			if strings.Contains(out+errs, bad) {
+				t.Errorf("%v writes %q raw:\n%s%s", args, bad, out, errs)
+			}
+		}
+		want := map[string]string{"list": `name\x0d\x0aFORGED`, "compare": `forward b\x0dFORGED`, "import": `read job\x0dFORGED/rank0.pickle`}[args[0]]
+		if !strings.Contains(out+errs, want) {
+			t.Errorf("%v does not show %s:\n%s%s", args, want, out, errs)
 		}
 	}
 }

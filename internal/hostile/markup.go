@@ -38,6 +38,12 @@ const PwnSelector = `.pwn, [data-pwn], img[src="x"], svg.pwn, a[href^="javascrip
 // encoder: well-formed, and with nothing but plain values.
 func MarkupSnapshot(tb testing.TB, path string) []byte {
 	tb.Helper()
+	return SnapshotWith(tb, path, Markup)
+}
+
+// SnapshotWith is MarkupSnapshot with strs in place of Markup.
+func SnapshotWith(tb testing.TB, path string, strs []string) []byte {
+	tb.Helper()
 	f, err := os.ReadFile(path)
 	if err != nil {
 		tb.Fatal(err)
@@ -50,7 +56,7 @@ func MarkupSnapshot(tb testing.TB, path string) []byte {
 	if !ok {
 		tb.Fatalf("%s: the top level is %T, not a dict", path, v)
 	}
-	pick := func(i int) string { return Markup[i%len(Markup)] }
+	pick := func(i int) string { return strs[i%len(strs)] }
 	n := 0
 	renamed := map[uintptr]bool{} // frame dicts are shared between stacks: each is renamed once
 	frames := func(fs any) {
@@ -92,7 +98,7 @@ func MarkupSnapshot(tb testing.TB, path string) []byte {
 		"time_us": t0, "frames": last["frames"], "compile_context": pick(0), "user_metadata": pick(1)}
 	traces[0] = append(traces[0].([]any), oom)
 	var anns []any
-	for _, m := range Markup {
+	for _, m := range strs {
 		for _, stage := range []string{"START", "END"} {
 			anns = append(anns, map[any]any{"stage": stage, "name": m, "device": int64(0), "time_us": t0})
 		}
@@ -103,7 +109,7 @@ func MarkupSnapshot(tb testing.TB, path string) []byte {
 		settings = map[any]any{"PYTORCH_CUDA_ALLOC_CONF": ""}
 		snap["allocator_settings"] = settings
 	}
-	for i, m := range Markup {
+	for i, m := range strs {
 		settings[m] = pick(i + 1)
 	}
 	var out bytes.Buffer
