@@ -330,7 +330,7 @@ func TestPythonWatchCutAtTheEnd(t *testing.T) {
 	defer srv.Close()
 	helper, _ := filepath.Abs("python")
 	for _, where := range []string{"after-end", "in-end"} {
-		out, err := exec.Command(py, "testdata/watch_end_driver.py", helper, srv.URL, snap, where).CombinedOutput()
+		out, err := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, "-", "-", where).CombinedOutput()
 		text := string(out)
 		t.Logf("%s: driver:\n%s", where, text)
 		if err != nil {

@@ -151,19 +151,27 @@ func TestImportNamesATar(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "rank0.pickle", Size: int64(len(data)), Mode: 0o644, Typeflag: tar.TypeReg})
-	tw.Write(data)
-	tw.Close()
-	path := filepath.Join(t.TempDir(), "job.tar")
-	os.WriteFile(path, buf.Bytes(), 0o644)
+	path := tarOf(t, "rank0.pickle", data)
 	for _, args := range [][]string{{path, "--dry-run"}, {path, "--db", filepath.Join(t.TempDir(), "t.db")}} {
 		code, _, errs := runCmd(append([]string{"import"}, args...)...)
 		if code != 2 || !strings.Contains(errs, "job.tar: not a PyTorch snapshot but a tar archive") {
 			t.Errorf("%v: exit %d: %s", args, code, errs)
 		}
 	}
+}
+
+// tarOf writes a tar of one file, member, holding data, and returns its path.
+func tarOf(t *testing.T, member string, data []byte) string {
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	tw.WriteHeader(&tar.Header{Name: member, Size: int64(len(data)), Mode: 0o644, Typeflag: tar.TypeReg})
+	tw.Write(data)
+	tw.Close()
+	path := filepath.Join(t.TempDir(), "job.tar")
+	if err := os.WriteFile(path, buf.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 func TestReplaySnapshot(t *testing.T) {

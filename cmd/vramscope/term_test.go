@@ -1,7 +1,6 @@
 package main
 
 import (
-	"archive/tar"
 	"bytes"
 	"context"
 	"os"
@@ -158,13 +157,7 @@ func TestOutputKeepsUploadedTextOnItsLine(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
-	tw.WriteHeader(&tar.Header{Name: "job\rFORGED/rank0.pickle", Size: int64(len(data)), Mode: 0o644, Typeflag: tar.TypeReg})
-	tw.Write(data)
-	tw.Close()
-	job := filepath.Join(dir, "job.tar")
-	os.WriteFile(job, buf.Bytes(), 0o644)
+	job := tarOf(t, "job\rFORGED/rank0.pickle", data)
 	for _, args := range [][]string{{"list"}, {"compare", a[0], b}, {"compare", "--group", "stack", a[0], b}, {"import", "--run", "job", job}} {
 		code, out, errs := runCmd(append(args, "--db", dbPath)...)
 		if code != 0 {

@@ -429,13 +429,18 @@ class Watcher:
             except ServerError:
                 raise
             except (OSError, ConnectionError, ValueError) as e:
-                if self.ws is not None:
-                    self.ws.sock.close()
-                    self.ws = None
-                if time.monotonic() > deadline:
-                    raise ConnectionError("vramscope: server unreachable: %s" % e)
-                time.sleep(wait)
-                wait = min(wait * 2, 2.0)
+                wait = self._dropped(e, deadline, wait)
+
+    def _dropped(self, e, deadline, wait):
+        """Lets a dropped connection go and waits before the next try;
+        returns the wait after that. Past deadline it raises."""
+        if self.ws is not None:
+            self.ws.sock.close()
+            self.ws = None
+        if time.monotonic() > deadline:
+            raise ConnectionError("vramscope: server unreachable: %s" % e)
+        time.sleep(wait)
+        return min(wait * 2, 2.0)
 
     def _end(self, status, retry_for=60.0):
         """Ends the current trace: everything sent, then end, then done. A
@@ -464,12 +469,7 @@ class Watcher:
             except ServerError:
                 raise
             except (OSError, ConnectionError, ValueError) as e:
-                self.ws.sock.close()
-                self.ws = None
-                if time.monotonic() > deadline:
-                    raise ConnectionError("vramscope: server unreachable: %s" % e)
-                time.sleep(wait)
-                wait = min(wait * 2, 2.0)
+                wait = self._dropped(e, deadline, wait)
         self.ws.close()
         self.ws = None
 

@@ -1,6 +1,10 @@
 """Streams the entries of a real snapshot as one rank of a run, in place of
 torch: argv = helper dir, server URL, the snapshot, then run= and rank= as
-watch() takes them ("-" leaves one to the environment)."""
+watch() takes them ("-" leaves one to the environment), and optionally
+where to cut the connection once while the trace ends: "after-end" (the
+end message is sent whole and the connection dies before done is read; the
+server may have stored the end) or "in-end" (the end message is cut off
+halfway; the server never read it)."""
 import pickle
 import sys
 import threading
@@ -9,6 +13,7 @@ sys.path.insert(0, sys.argv[1])
 import vramscope_watch as vw  # noqa: E402
 
 url, path, run, rank = sys.argv[2:6]
+cut = sys.argv[6] if len(sys.argv) > 6 else None
 with open(path, "rb") as f:
     full = pickle.load(f)
 entries = full["device_traces"][0]
@@ -25,6 +30,30 @@ def snapshot():
     return {"segments": [], "device_traces": [entries[:n]]}
 
 
+send, cuts = vw._WebSocket.send, {"n": 0}
+
+
+def cutting_send(self, obj):
+    if obj.get("type") != "end" or cuts["n"] > 0:
+        return send(self, obj)
+    cuts["n"] += 1
+    if cut == "after-end":
+        send(self, obj)
+        self.sock.close()  # dead before done can be read
+        return
+    sock = self.sock
+
+    def half(data):
+        sock.send(data[:len(data) // 2])
+        sock.close()
+        raise OSError("connection cut")
+
+    self.sock = type("Cut", (), {"sendall": staticmethod(half), "close": sock.close})()
+    return send(self, obj)
+
+
+if cut:
+    vw._WebSocket.send = cutting_send
 kw = {}
 if run != "-":
     kw["run"] = run
@@ -33,6 +62,7 @@ if rank != "-":
 w = vw.watch(url, device=0, interval=0.01, snapshot=snapshot, start_recording=lambda n: None, out=sys.stdout, **kw)
 finished.wait(60)
 w.close()
+print("cut", cuts["n"])
 print("traces", " ".join(w.traces))
 if w.error:
     print("error", w.error)
