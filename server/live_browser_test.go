@@ -215,14 +215,16 @@ func TestBrowserListFollowsLiveTrace(t *testing.T) {
 	cells := row + `.cells`
 	runRow := `document.querySelector("tr.run-row")`
 	waitFor(t, ctx, "the live row", row+` && `+row+`.dataset.live === "" && `+cells+`[3].textContent === "live" && `+cells+`[4].querySelector(".events")?.textContent === "2 events" && `+cells+`[5].textContent === "1.00 GiB"`)
-	waitFor(t, ctx, "the live run", runRow+`?.dataset.live === ""`)
+	waitFor(t, ctx, "the live run", runRow+`?.dataset.live === "" && `+runRow+`.cells[4].querySelector(".events")?.textContent === "1 event" && `+runRow+`.querySelector("summary").textContent === "1 rank, 1 trace · highest: rank 0"`)
 	// Marks a reload or a swapped row would lose.
 	within(t, ctx, "mark", chromedp.Evaluate[bool](`window.notReloaded = true; document.querySelector('tr[data-id="`+f.id+`"]').notSwapped = true`))
 
 	emit(streaming,
 		gpu.Event{Seq: 2, TimeUS: 2000, Action: gpu.ActionSegmentAlloc, Addr: 8 << 30, Size: 4 << 30},
 		gpu.Event{Seq: 3, TimeUS: 3000, Action: gpu.ActionAlloc, Addr: 8 << 30, Size: 4 << 30})
+	emit(rank, gpu.Event{Seq: 1, TimeUS: 2, Action: gpu.ActionAlloc, Addr: 1 << 30, Size: 1 << 20})
 	waitFor(t, ctx, "the live row's growth", cells+`[4].querySelector(".events")?.textContent === "4 events" && `+cells+`[5].textContent === "5.00 GiB" && `+cells+`[4].textContent.startsWith("3.0 ms")`)
+	waitFor(t, ctx, "the live run's growth", runRow+`.cells[4].querySelector(".events")?.textContent === "2 events"`)
 	screenshot(t, ctx, dir, "list-live")
 	if ok := within(t, ctx, "marks", chromedp.Evaluate[bool](`window.notReloaded === true && document.querySelector('tr[data-id="`+f.id+`"]').notSwapped === true`)); !ok {
 		t.Error("the list reloaded, or swapped a row that did not change")
@@ -235,7 +237,7 @@ func TestBrowserListFollowsLiveTrace(t *testing.T) {
 	if err := rank.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, ctx, "the end of the run's stream", runRow+`.dataset.live === undefined`)
+	waitFor(t, ctx, "the end of the run's stream", runRow+`.dataset.live === undefined && !`+runRow+`.cells[4].querySelector(".events")`)
 	screenshot(t, ctx, dir, "list-live-ended")
 	reads := `performance.getEntriesByType("resource").filter(e => e.initiatorType === "xmlhttprequest").length`
 	before := within(t, ctx, "list reads", chromedp.Evaluate[int](reads))

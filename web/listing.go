@@ -124,7 +124,8 @@ type RunRow struct {
 	OOMs                        int64
 	FirstOOM                    string // the id of a trace that ran out of memory, "" for none
 	Traces                      int
-	Live                        bool // a rank still streams
+	Live                        bool  // a rank still streams
+	Events                      int64 // the events of its ranks' traces
 }
 
 // NewRunRow sums up run, listed as its trace worst.
@@ -136,6 +137,7 @@ func NewRunRow(run gpu.Run, worst gpu.Trace) RunRow {
 			row.PeakReserved = max(row.PeakReserved, t.PeakReserved)
 			row.PeakAllocated = max(row.PeakAllocated, t.PeakAllocated)
 			row.OOMs += t.OOMs
+			row.Events += t.Events
 			row.Live = row.Live || t.Status == gpu.StatusLive
 			if t.OOMs > 0 && row.FirstOOM == "" {
 				row.FirstOOM = t.ID
