@@ -122,7 +122,7 @@ func TestPropertyUndoThenReplay(t *testing.T) {
 				s := FromRecording(rec)
 				s.Use(0, DefaultCapacity)
 				got, a := replayed(t, s, start)
-				if err := sameEvents(got, events[cut:]); err != nil {
+				if _, err := sameEvents(got, events[cut:]); err != nil {
 					t.Fatalf("cut at %d of %d, %s, %d segments at the cut: %v", cut, len(events), s.Capacity, len(start.Segments), err)
 				}
 				if err := sameLayout(a.Layout(), end); err != nil {

@@ -98,27 +98,37 @@ func replayed(t testing.TB, s Stream, start *gpu.Layout) ([]gpu.Event, *caching.
 
 // sameEvents compares a replay's events with the recorded ones: action,
 // size, stream and address (the recorded addresses make the segment and
-// offset of every block the recording's), and the free bytes of an oom.
-// snapshot entries are PyTorch's markers, not allocator calls.
-func sameEvents(got, want []gpu.Event) error {
+// offset of every block the recording's), the free bytes of an oom, and
+// the frames. snapshot entries are PyTorch's markers, not allocator calls.
+// The frames of a segment_free or segment_unmap are those of the call that
+// released it, a malloc's or an empty_cache's: where a replay takes one
+// for the other, or PyTorch stamped none (2.1 and 2.2 did not on a
+// malloc's), they differ, and are counted in otherFrames.
+func sameEvents(got, want []gpu.Event) (otherFrames int, err error) {
 	k := 0
 	for i, w := range want {
 		if w.Action == gpu.ActionSnapshot {
 			continue
 		}
 		if k >= len(got) {
-			return fmt.Errorf("event %d (%v): the replay ended after %d events", i, w, len(got))
+			return otherFrames, fmt.Errorf("event %d (%v): the replay ended after %d events", i, w, len(got))
 		}
 		g := got[k]
 		k++
 		if g.Action != w.Action || g.Size != w.Size || g.Stream != w.Stream || g.Addr != w.Addr || g.DeviceFree != w.DeviceFree {
-			return fmt.Errorf("event %d: replayed %v, recorded %v", i, g, w)
+			return otherFrames, fmt.Errorf("event %d: replayed %v, recorded %v", i, g, w)
+		}
+		if g.Stack != w.Stack {
+			if w.Action != gpu.ActionSegmentFree && w.Action != gpu.ActionSegmentUnmap {
+				return otherFrames, fmt.Errorf("event %d (%v): replayed with stack %d, recorded with %d", i, w, g.Stack, w.Stack)
+			}
+			otherFrames++
 		}
 	}
 	if k < len(got) {
-		return fmt.Errorf("the replay has %d events more, from %v", len(got)-k, got[k])
+		return otherFrames, fmt.Errorf("the replay has %d events more, from %v", len(got)-k, got[k])
 	}
-	return nil
+	return otherFrames, nil
 }
 
 // pendingAllocated is l with its pending-free blocks allocated, as
@@ -156,10 +166,17 @@ func sameLayout(got, want *gpu.Layout) error {
 	return nil
 }
 
+// releasesWithOtherFrames counts, by device trace, the segment_free
+// entries whose frames the replay does not reproduce: PyTorch 2.1 and 2.2
+// wrote none where a malloc released cached segments to retry; the
+// replay, as today's PyTorch, stamps the malloc's.
+var releasesWithOtherFrames = map[string]int{"no_time_us_segment_churn.pickle/device0": 579, "oom_nonexpandable.json/device0": 1}
+
 // TestRealSnapshotsReplayExactly: every device trace with allocations in
 // the real snapshots replays, from the layout undone from its end, to
-// PyTorch's own events one by one and to the segments it dumped, under the
-// recorded settings and the capacity inferred from the recording.
+// PyTorch's own events one by one, frames included, and to the segments it
+// dumped, under the recorded settings and the capacity inferred from the
+// recording.
 func TestRealSnapshotsReplayExactly(t *testing.T) {
 	traces := 0
 	for _, tr := range realTraces(t) {
@@ -182,8 +199,12 @@ func TestRealSnapshotsReplayExactly(t *testing.T) {
 			// A trace without allocations (one free_completed of a block
 			// pending at the start, or a snapshot marker) is checked at
 			// its end only.
-			if err := sameEvents(events, tr.Events); err != nil && allocs > 0 {
+			other, err := sameEvents(events, tr.Events)
+			if err != nil && allocs > 0 {
 				t.Errorf("%s: %v", s.Capacity, err)
+			}
+			if want := releasesWithOtherFrames[tr.name]; other != want {
+				t.Errorf("%d segment releases with other frames than recorded, want %d", other, want)
 			}
 			if err := sameLayout(a.Layout(), tr.Final); err != nil {
 				t.Errorf("at the end: %v", err)

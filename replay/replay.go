@@ -31,8 +31,9 @@ type Request struct {
 	ID     int64
 	Size   uint64
 	Stream int64
-	// Stack is where the call was made: a malloc's events carry it, and so
-	// do a free's (0: the allocation's stack), as PyTorch records them.
+	// Stack is where the call was made (0: no frames): a malloc's events
+	// carry it, and so do a free's and an empty_cache's, as PyTorch
+	// records them.
 	Stack  gpu.StackID
 	TimeUS int64
 	// OOM marks a malloc that failed when the stream was recorded.
@@ -137,7 +138,7 @@ func (p *Replayer) Step(i int, r Request) error {
 			}
 		}
 	case OpEmptyCache:
-		if err := a.EmptyCache(); err != nil {
+		if err := a.EmptyCacheFrom(r.Stack); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
 		}
 	}
@@ -247,7 +248,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 	})
 	for i, e := range events {
 		if emptyCache[i] {
-			reqs = append(reqs, Request{Op: OpEmptyCache, Stream: e.Stream, TimeUS: e.TimeUS})
+			reqs = append(reqs, Request{Op: OpEmptyCache, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
 		}
 		switch e.Action {
 		case gpu.ActionAlloc:

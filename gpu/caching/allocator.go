@@ -99,7 +99,7 @@ type Allocator struct {
 	batch []gpu.Event
 	seq   int64
 	now   func() int64
-	stack gpu.StackID
+	stack gpu.StackID // the stack of the call being served
 
 	spare []*Block // recycled Block structs: the hot path allocates none
 }
@@ -501,16 +501,20 @@ func (a *Allocator) RecordStream(addr uint64, stream int64) error {
 	return nil
 }
 
-// Free releases the allocation at addr (DeviceCachingAllocator::free);
-// its events carry the allocation's stack.
-func (a *Allocator) Free(addr uint64) error { return a.FreeFrom(addr, 0) }
+// Free releases the allocation at addr (DeviceCachingAllocator::free)
+// from no known stack: its events carry the allocation's, as PyTorch's do
+// when it gathers no context.
+func (a *Allocator) Free(addr uint64) error { return a.free(addr, 0, false) }
 
-// FreeFrom is Free called from stack (0: unknown): as PyTorch stamps a
-// free's trace entries with the context of the free call, free_requested
-// carries stack, and so does free_completed when the block goes back at
-// once; a completion that waits for other streams comes from no call and
-// carries the allocation's stack, as do the entries of a free from stack 0.
-func (a *Allocator) FreeFrom(addr uint64, stack gpu.StackID) error {
+// FreeFrom is Free called from stack (0: a call with no frames, such as a
+// free on the autograd thread): as PyTorch stamps a free's trace entries
+// with the context of the free call, free_requested carries stack, and so
+// does free_completed when the block goes back at once; a completion that
+// waits for other streams comes from no call and carries the allocation's
+// stack.
+func (a *Allocator) FreeFrom(addr uint64, stack gpu.StackID) error { return a.free(addr, stack, true) }
+
+func (a *Allocator) free(addr uint64, stack gpu.StackID, exact bool) error {
 	if addr == 0 {
 		return nil // freeing the null pointer of a zero-byte malloc does nothing
 	}
@@ -523,7 +527,7 @@ func (a *Allocator) FreeFrom(addr uint64, stack gpu.StackID) error {
 	si := b.pool.statIndex()
 	a.stats.Allocation.decrease(si, 1)
 	a.stats.AllocatedBytes.decrease(si, int64(b.size))
-	if stack == 0 {
+	if !exact {
 		stack = b.stack
 	}
 	a.emit(gpu.ActionFreeRequested, b.addr, b.requested, b.stream, b.size, b.pool.kind(), stack)
@@ -750,8 +754,15 @@ func (a *Allocator) releaseBlocks(pool *blockPool) error {
 	return nil
 }
 
-// EmptyCache is torch.cuda.empty_cache().
-func (a *Allocator) EmptyCache() error {
+// EmptyCache is torch.cuda.empty_cache() called with no frames.
+func (a *Allocator) EmptyCache() error { return a.EmptyCacheFrom(0) }
+
+// EmptyCacheFrom is EmptyCache called from stack: its segment_free and
+// segment_unmap entries carry stack, as PyTorch stamps them with the
+// context of the call (those of a malloc that releases cached segments
+// carry the malloc's).
+func (a *Allocator) EmptyCacheFrom(stack gpu.StackID) error {
+	a.stack = stack
 	err := a.releaseCachedBlocks()
 	a.Flush()
 	return err

@@ -433,8 +433,9 @@ func TestScenarioF_CrossStreamFree(t *testing.T) {
 }
 
 // TestFreeFromStacks: a free's entries carry the free call's stack, as
-// PyTorch's do; a completion that waits for another stream, and a free
-// from no known stack, carry the allocation's.
+// PyTorch's do, none when the call has no frames; a completion that waits
+// for another stream, and a free from no known stack (Free), carry the
+// allocation's.
 func TestFreeFromStacks(t *testing.T) {
 	const allocated, freed gpu.StackID = 7, 9
 	h := newHarness(t, 1<<30, "")
@@ -452,11 +453,12 @@ func TestFreeFromStacks(t *testing.T) {
 	}
 	for _, c := range []struct {
 		from, requested, completed gpu.StackID
-		otherStream                bool
+		otherStream, unknown       bool
 	}{
-		{freed, freed, freed, false},
-		{0, allocated, allocated, false},
-		{freed, freed, allocated, true},
+		{freed, freed, freed, false, false},
+		{0, 0, 0, false, false},
+		{0, allocated, allocated, false, true},
+		{freed, freed, allocated, true, false},
 	} {
 		p, err := h.a.Malloc(MiB, 1, allocated)
 		if err != nil {
@@ -468,7 +470,11 @@ func TestFreeFromStacks(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if err := h.a.FreeFrom(p, c.from); err != nil {
+		free := func() error { return h.a.FreeFrom(p, c.from) }
+		if c.unknown {
+			free = func() error { return h.a.Free(p) }
+		}
+		if err := free(); err != nil {
 			t.Fatal(err)
 		}
 		if c.otherStream {
@@ -477,10 +483,62 @@ func TestFreeFromStacks(t *testing.T) {
 		}
 		want := map[gpu.Action]gpu.StackID{gpu.ActionFreeRequested: c.requested, gpu.ActionFreeCompleted: c.completed}
 		if got := stacks(p); fmt.Sprint(got) != fmt.Sprint(want) {
-			t.Errorf("freed from stack %d (other stream %v): stacks %v, want %v", c.from, c.otherStream, got, want)
+			t.Errorf("freed from stack %d (other stream %v, unknown %v): stacks %v, want %v", c.from, c.otherStream, c.unknown, got, want)
 		}
 	}
 	h.checkInvariants()
+}
+
+// TestReleaseStacks: the segment_free and segment_unmap entries of an
+// empty_cache carry its stack (none from EmptyCache), and those of the
+// segments a malloc releases to retry carry the malloc's, as PyTorch
+// stamps them with the context of the call.
+func TestReleaseStacks(t *testing.T) {
+	const allocated, emptied, retried gpu.StackID = 3, 5, 8
+	for _, conf := range []string{"", "expandable_segments:True"} {
+		h := newHarness(t, 100*MiB, conf)
+		seen := 0
+		released := func() map[gpu.StackID]int {
+			h.a.Flush()
+			got := map[gpu.StackID]int{}
+			for _, e := range h.rec.events[seen:] {
+				if e.Action == gpu.ActionSegmentFree || e.Action == gpu.ActionSegmentUnmap {
+					got[e.Stack]++
+				}
+			}
+			seen = len(h.rec.events)
+			return got
+		}
+		cache := func(size uint64, stream int64) {
+			p, err := h.a.Malloc(size, stream, allocated)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.free(p)
+		}
+		cache(30*MiB, 0)
+		if err := h.a.EmptyCacheFrom(emptied); err != nil {
+			t.Fatal(err)
+		}
+		if got := released(); len(got) != 1 || got[emptied] == 0 {
+			t.Errorf("%q: empty_cache from stack %d released with stacks %v", conf, emptied, got)
+		}
+		cache(30*MiB, 0)
+		if err := h.a.EmptyCache(); err != nil {
+			t.Fatal(err)
+		}
+		if got := released(); len(got) != 1 || got[0] == 0 {
+			t.Errorf("%q: empty_cache with no frames released with stacks %v", conf, got)
+		}
+		cache(60*MiB, 1) // cached for stream 1: 90 MiB for stream 0 do not fit beside it
+		if _, err := h.a.Malloc(90*MiB, 0, retried); err != nil {
+			t.Fatal(err)
+		}
+		if got := released(); len(got) != 1 || got[retried] == 0 {
+			t.Errorf("%q: a malloc from stack %d released with stacks %v", conf, retried, got)
+		}
+		h.checkInvariants()
+	}
 }
 
 func TestOOMWithFractionAndGC(t *testing.T) {
