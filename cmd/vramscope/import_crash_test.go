@@ -16,7 +16,7 @@ import (
 )
 
 // vramscope runs this test binary as the vramscope command.
-func vramscope(t *testing.T, args ...string) *exec.Cmd {
+func vramscope(t testing.TB, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], args...)
 	cmd.Env = append(os.Environ(), "VRAMSCOPE_RUN_MAIN=1")
 	return cmd
