@@ -178,6 +178,21 @@ func (l *liveSet) put(id int64, ptr uint64) {
 	l.sparse[id] = ptr
 }
 
+// reserve makes room at once for the ids up to last of n requests, when
+// they are dense: growing event by event copies the slice over and over,
+// each replay again.
+func (l *liveSet) reserve(last int64, n int) {
+	if last < int64(len(l.dense)) || last > 2*int64(n)+1024 {
+		return
+	}
+	dense := make([]uint64, last+1)
+	copy(dense, l.dense)
+	for i := len(l.dense); i < len(dense); i++ {
+		dense[i] = absent
+	}
+	l.dense = dense
+}
+
 func (l *liveSet) get(id int64) (uint64, bool) {
 	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != absent {
 		return l.dense[id], true
