@@ -158,18 +158,16 @@ func (p *Replayer) Result() Result {
 // every stream this package makes, so a slice serves them; others go to a
 // map.
 type liveSet struct {
-	dense  []uint64 // index id; absent where ^0
+	dense  []uint64 // index id: ptr+1, 0 where absent (so new room needs no filling)
 	sparse map[int64]uint64
 }
 
-const absent = ^uint64(0)
-
 func (l *liveSet) put(id int64, ptr uint64) {
-	if id >= 0 && id < int64(2*len(l.dense)+1024) {
-		for int64(len(l.dense)) <= id {
-			l.dense = append(l.dense, absent)
+	if id >= 0 && id < int64(2*len(l.dense)+1024) && ptr != ^uint64(0) {
+		if id >= int64(len(l.dense)) {
+			l.reserve(int(id) + 1)
 		}
-		l.dense[id] = ptr
+		l.dense[id] = ptr + 1
 		return
 	}
 	if l.sparse == nil {
@@ -178,33 +176,30 @@ func (l *liveSet) put(id int64, ptr uint64) {
 	l.sparse[id] = ptr
 }
 
-// reserve makes room at once for the ids up to last of n requests, when
-// they are dense: growing event by event copies the slice over and over,
-// each replay again.
-func (l *liveSet) reserve(last int64, n int) {
-	if last < int64(len(l.dense)) || last > 2*int64(n)+1024 {
+// reserve makes room for ids below n, at least doubling it: a stream's
+// requests make room for their ids at once, as pages of zeros that cost
+// only once a replay gets that far.
+func (l *liveSet) reserve(n int) {
+	if n <= len(l.dense) {
 		return
 	}
-	dense := make([]uint64, last+1)
+	dense := make([]uint64, max(n, 2*len(l.dense)))
 	copy(dense, l.dense)
-	for i := len(l.dense); i < len(dense); i++ {
-		dense[i] = absent
-	}
 	l.dense = dense
 }
 
 func (l *liveSet) get(id int64) (uint64, bool) {
-	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != absent {
-		return l.dense[id], true
+	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != 0 {
+		return l.dense[id] - 1, true
 	}
 	ptr, ok := l.sparse[id]
 	return ptr, ok
 }
 
 func (l *liveSet) take(id int64) (uint64, bool) {
-	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != absent {
-		ptr := l.dense[id]
-		l.dense[id] = absent
+	if id >= 0 && id < int64(len(l.dense)) && l.dense[id] != 0 {
+		ptr := l.dense[id] - 1
+		l.dense[id] = 0
 		return ptr, true
 	}
 	ptr, ok := l.sparse[id]
@@ -248,7 +243,13 @@ func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
 }
 
 func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool) []Request {
-	reqs := make([]Request, 0, len(events)/2)
+	n := len(emptyCache) // the requests, counted first: a slice of millions grown as they come is copied over and over
+	for i := range events {
+		switch events[i].Action {
+		case gpu.ActionAlloc, gpu.ActionFreeRequested, gpu.ActionOOM:
+			n++
+		}
+	}
 	ids := make(map[uint64]int64)
 	pending := make(map[uint64]int64)
 	var next int64
@@ -261,6 +262,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		}
 		next = id
 	})
+	reqs := make([]Request, 0, n+len(pending))
 	for i, e := range events {
 		if emptyCache[i] {
 			reqs = append(reqs, Request{Op: OpEmptyCache, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})

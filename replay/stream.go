@@ -305,7 +305,7 @@ func splitConf(conf string) []string {
 // the device is an error wrapping gpu.ErrOutOfMemory.
 func (s *Stream) Start(a *caching.Allocator) (*Replayer, error) {
 	p := NewReplayer(a)
-	p.live.reserve(s.lastID(), len(s.Requests))
+	p.live.reserve(len(s.Requests) + 1) // the ids of a stream's mallocs and starting blocks, mostly
 	if s.Initial == nil || len(s.Initial.Segments) == 0 {
 		return p, nil
 	}
@@ -329,17 +329,6 @@ func (s *Stream) Start(a *caching.Allocator) (*Replayer, error) {
 	p.res = Result{}
 	p.measure()
 	return p, err
-}
-
-// lastID is the largest allocation id of s's requests, or -1.
-func (s *Stream) lastID() int64 {
-	last := int64(-1)
-	for i := range s.Requests {
-		if r := &s.Requests[i]; r.Op == OpMalloc {
-			last = max(last, r.ID)
-		}
-	}
-	return last
 }
 
 // Run replays s under cfg on s.Device(capacity) and returns the allocator

@@ -63,6 +63,11 @@ type Device struct {
 	recReserves []Span
 	recorded    bool
 	above       uint64
+	// fitFrom: no page-aligned address in [above, fitFrom) can take even
+	// a one-page range, so first fit starts there (0: at above). Without
+	// it every call walked past every range placed above the recording,
+	// which made replays under other settings quadratic.
+	fitFrom uint64
 
 	fenceSeq uint64
 	holdSeq  uint64
@@ -261,11 +266,51 @@ func (d *Device) recordedPlace(want, placed uint64) uint64 {
 	if want != 0 && d.vacant(want, placed) {
 		return want
 	}
-	at := d.above
-	for !d.vacant(at-Granularity, placed+2*Granularity) {
-		at = d.nextEnd(at-Granularity, placed+2*Granularity) + Granularity
+	at, tight := d.firstFit(max(d.above, d.fitFrom), placed)
+	if tight {
+		d.fitFrom = at
 	}
 	return at
+}
+
+// firstFit is the lowest page-aligned address from from on where placed
+// bytes are a page away from every handed-out range, and whether no
+// address it passed could take even one page. It walks both lists in
+// address order at once, past each range in its way.
+func (d *Device) firstFit(from, placed uint64) (at uint64, tight bool) {
+	at, tight = from, true
+	past := func(spans []span) int { // the first range ending after at-Granularity
+		return sort.Search(len(spans), func(i int) bool { return spans[i].end() > at-Granularity })
+	}
+	m, r := past(d.mallocs), past(d.reserves)
+	for {
+		for m < len(d.mallocs) && d.mallocs[m].end() <= at-Granularity {
+			m++
+		}
+		for r < len(d.reserves) && d.reserves[r].end() <= at-Granularity {
+			r++
+		}
+		var next *span // the lowest of the two
+		if m < len(d.mallocs) {
+			next = &d.mallocs[m]
+		}
+		if r < len(d.reserves) && (next == nil || d.reserves[r].addr < next.addr) {
+			next = &d.reserves[r]
+		}
+		if next == nil || next.addr >= at+placed+Granularity {
+			return at, tight
+		}
+		tight = tight && next.addr < at+2*Granularity // nor could a page go at at
+		at = roundUp(next.end()) + Granularity
+	}
+}
+
+// freed keeps fitFrom true once the range at addr is given back: the
+// addresses a page below it on may now take a range.
+func (d *Device) freed(addr uint64) {
+	if d.fitFrom > 0 && addr < d.fitFrom+Granularity {
+		d.fitFrom = max(d.above, addr-Granularity)
+	}
 }
 
 // recordedReserve places a Reserve of size bytes of a device with a
@@ -285,20 +330,6 @@ func (d *Device) recordedReserve(size uint64) uint64 {
 		}
 	}
 	return d.recordedPlace(0, size)
-}
-
-// nextEnd is the end, rounded up to a page, of the lowest handed-out
-// range overlapping [addr, addr+size).
-func (d *Device) nextEnd(addr, size uint64) uint64 {
-	end := uint64(0)
-	lowest := ^uint64(0)
-	for _, spans := range [2][]span{d.mallocs, d.reserves} {
-		i := sort.Search(len(spans), func(i int) bool { return spans[i].end() > addr })
-		if i < len(spans) && spans[i].addr < addr+size && spans[i].addr < lowest {
-			lowest, end = spans[i].addr, roundUp(spans[i].end())
-		}
-	}
-	return end
 }
 
 func find(spans []span, addr uint64) (int, bool) {
@@ -344,6 +375,7 @@ func (d *Device) Free(addr uint64) error {
 	}
 	d.used -= d.mallocs[i].size
 	d.mallocs = append(d.mallocs[:i], d.mallocs[i+1:]...)
+	d.freed(addr)
 	d.counts.Frees++
 	return nil
 }
@@ -388,6 +420,7 @@ func (d *Device) Unreserve(addr, size uint64) error {
 		}
 	}
 	d.reserves = append(d.reserves[:i], d.reserves[i+1:]...)
+	d.freed(addr)
 	d.counts.Unreserves++
 	return nil
 }

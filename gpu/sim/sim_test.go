@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"math/rand/v2"
 	"testing"
 
 	"vramscope/gpu"
@@ -449,4 +450,75 @@ func TestSetCapacity(t *testing.T) {
 	d.SetCapacity(20 * mib)
 	mustMalloc(t, d, 10*mib)
 	checkFree(t, d, 2*mib)
+}
+
+// firstFitAbove is where an unrecorded call of placed bytes goes: the
+// first page-aligned address above the recording, one after the other,
+// where it is a page away from every handed-out range.
+func firstFitAbove(d *Device, placed uint64) uint64 {
+	at := d.above
+	for !d.vacant(at-Granularity, placed+2*Granularity) {
+		at += Granularity
+	}
+	return at
+}
+
+// Unrecorded mallocs and reservations of random sizes, given back in
+// random order, land where the plain first-fit walk above the recording
+// puts them.
+func TestRecordedFirstFitProperty(t *testing.T) {
+	const base = 0x7f3a00000000
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 3))
+		// Recorded ranges of sizes the calls never ask, but the first
+		// reservation, which takes the recorded one.
+		d := New(1<<40, Recorded([]Span{{Addr: base, Size: 100 * mib}}, []Span{{Addr: base + 200*mib, Size: 40 * mib, Page: 2 * mib}}))
+		reserved := false
+		type held struct {
+			addr, size uint64
+			reserve    bool
+		}
+		var out []held
+		for step := range 2000 {
+			if len(out) > 0 && r.IntN(5) < 2 {
+				i := r.IntN(len(out))
+				h := out[i]
+				out = append(out[:i], out[i+1:]...)
+				var err error
+				if h.reserve {
+					err = d.Unreserve(h.addr, h.size)
+				} else {
+					err = d.Free(h.addr)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				continue
+			}
+			size := uint64(1+r.IntN(12)) * Granularity
+			if r.IntN(4) == 0 {
+				size -= uint64(r.IntN(int(Granularity))) // a malloc rounded up to pages
+			}
+			reserve := r.IntN(3) == 0 && size%Granularity == 0
+			want := firstFitAbove(d, roundUp(size))
+			var got uint64
+			var err error
+			if reserve {
+				got, err = d.Reserve(size)
+			} else {
+				got, err = d.Malloc(size)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, held{got, size, reserve})
+			if reserve && !reserved {
+				reserved = true
+				continue
+			}
+			if got != want {
+				t.Fatalf("seed %d step %d: %d bytes at %#x, first fit %#x", seed, step, size, got, want)
+			}
+		}
+	}
 }
