@@ -25,10 +25,17 @@ type jobKey struct {
 }
 
 // Job is one what-if computation; Done closes when Table or Err is set.
+// Original closes first, once the replays under the recorded settings
+// are done (often a small part of the whole): then Needed holds their
+// row, and Capacity the device's (a failed job closes it empty).
 type Job struct {
 	Done  chan struct{}
 	Table Table
 	Err   error
+
+	Original chan struct{}
+	Needed   WhatIf
+	Capacity uint64
 }
 
 // NewJobs keeps the last keep tables of db's traces; slots bounds the
@@ -51,18 +58,25 @@ func (c *Jobs) WhatIf(id string, lastSeq int64) *Job {
 		delete(c.jobs, c.keys[0])
 		c.keys = c.keys[1:]
 	}
-	j := &Job{Done: make(chan struct{})}
+	j := &Job{Done: make(chan struct{}), Original: make(chan struct{})}
 	c.jobs[k] = j
 	c.keys = append(c.keys, k)
 	go func() {
 		c.slots <- struct{}{}
 		defer func() { <-c.slots }()
+		var once sync.Once
+		original := func() { once.Do(func() { close(j.Original) }) }
+		defer original() // after Done when the job failed first
 		defer close(j.Done)
 		rec, err := c.db.Recording(id)
 		if err == nil {
 			s := replay.FromRecording(rec)
 			s.Use(0, replay.DefaultCapacity)
-			j.Table, err = Answer(s)
+			j.Capacity = s.Capacity.Bytes
+			j.Table, err = answer(s, func(row WhatIf) {
+				j.Needed = row
+				original()
+			})
 		}
 		if j.Err = err; err != nil {
 			c.mu.Lock()

@@ -69,8 +69,12 @@ type Table struct {
 // Answer replays s under its own settings and under each of Variants on a
 // simulated device of s.Capacity, and searches the memory each needs, the
 // replays spread over the cores.
-func Answer(s replay.Stream) (Table, error) {
-	ooms, rows, err := WhatIfs(s, Variants, runtime.GOMAXPROCS(0))
+func Answer(s replay.Stream) (Table, error) { return answer(s, nil) }
+
+// answer is Answer, handing the recorded settings' row to onOriginal as
+// soon as it is done, before the variants' replays end.
+func answer(s replay.Stream, onOriginal func(WhatIf)) (Table, error) {
+	ooms, rows, err := whatIfs(s, Variants, runtime.GOMAXPROCS(0), onOriginal)
 	if err != nil {
 		return Table{}, err
 	}
@@ -82,6 +86,10 @@ func Answer(s replay.Stream) (Table, error) {
 // workers goroutines, and returns the original OOMs and one row per
 // setting, the original first.
 func WhatIfs(s replay.Stream, variants []string, workers int) ([]OOMAt, []WhatIf, error) {
+	return whatIfs(s, variants, workers, nil)
+}
+
+func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(WhatIf)) ([]OOMAt, []WhatIf, error) {
 	orig, err := s.Config("")
 	if err != nil {
 		return nil, nil, err
@@ -134,6 +142,11 @@ func WhatIfs(s replay.Stream, variants []string, workers int) ([]OOMAt, []WhatIf
 					rows[i].Err = err.Error()
 				}
 				rows[i].CapacityNeeded = need
+				if i == 0 && onOriginal != nil {
+					row := rows[0]
+					row.AllocConf = cfgs[0].String()
+					onOriginal(row)
+				}
 			}
 		}()
 	}
@@ -255,14 +268,8 @@ func (t Table) Needed() string {
 	if len(t.Rows) == 0 {
 		return ""
 	}
-	need := func(r WhatIf) string {
-		if r.CapacityNeeded == 0 {
-			return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
-		}
-		return gpu.FormatBytes(r.CapacityNeeded)
-	}
 	orig := t.Rows[0]
-	s := "Needs " + need(orig) + " with the recorded settings"
+	s := "Needs " + needed(orig) + " with the recorded settings"
 	best := -1
 	for i, r := range t.Rows[1:] {
 		if r.Err == "" && r.CapacityNeeded > 0 && (orig.CapacityNeeded == 0 || r.CapacityNeeded < orig.CapacityNeeded) &&
@@ -271,9 +278,23 @@ func (t Table) Needed() string {
 		}
 	}
 	if best > 0 {
-		s += ", " + need(t.Rows[best]) + " with " + t.Rows[best].Variant
+		s += ", " + needed(t.Rows[best]) + " with " + t.Rows[best].Variant
 	} else {
 		s += "; no setting tried needs less"
 	}
 	return s + " (the device has " + gpu.FormatBytes(t.Capacity) + ")."
+}
+
+// NeededFirst is what Needed says while only the recorded settings' row,
+// orig, is done.
+func NeededFirst(orig WhatIf, capacity uint64) string {
+	return "Needs " + needed(orig) + " with the recorded settings (the device has " + gpu.FormatBytes(capacity) + "); the replays under other settings are still running."
+}
+
+// needed is the memory row r needs, in words.
+func needed(r WhatIf) string {
+	if r.CapacityNeeded == 0 {
+		return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
+	}
+	return gpu.FormatBytes(r.CapacityNeeded)
 }
