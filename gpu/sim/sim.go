@@ -64,9 +64,9 @@ type Device struct {
 	recorded    bool
 	above       uint64
 	// fitFrom: no page-aligned address in [above, fitFrom) can take even
-	// a one-page range, so first fit starts there (0: at above). Without
-	// it every call walked past every range placed above the recording,
-	// which made replays under other settings quadratic.
+	// a one-page range, so first fit starts there (0: at above) rather
+	// than walk past every range a replay under other settings has
+	// placed above the recording.
 	fitFrom uint64
 
 	fenceSeq uint64
