@@ -64,8 +64,7 @@ func (c *Jobs) WhatIf(id string, lastSeq int64) *Job {
 	go func() {
 		c.slots <- struct{}{}
 		defer func() { <-c.slots }()
-		var once sync.Once
-		original := func() { once.Do(func() { close(j.Original) }) }
+		original := sync.OnceFunc(func() { close(j.Original) })
 		defer original() // after Done when the job failed first
 		defer close(j.Done)
 		rec, err := c.db.Recording(id)

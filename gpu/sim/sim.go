@@ -63,11 +63,6 @@ type Device struct {
 	recReserves []Span
 	recorded    bool
 	above       uint64
-	// fitFrom: no page-aligned address in [above, fitFrom) can take even
-	// a one-page range, so first fit starts there (0: at above) rather
-	// than walk past every range a replay under other settings has
-	// placed above the recording.
-	fitFrom uint64
 
 	fenceSeq uint64
 	holdSeq  uint64
@@ -266,19 +261,15 @@ func (d *Device) recordedPlace(want, placed uint64) uint64 {
 	if want != 0 && d.vacant(want, placed) {
 		return want
 	}
-	at, tight := d.firstFit(max(d.above, d.fitFrom), placed)
-	if tight {
-		d.fitFrom = at
-	}
-	return at
+	return d.firstFit(placed)
 }
 
-// firstFit is the lowest page-aligned address from from on where placed
-// bytes are a page away from every handed-out range, and whether no
-// address it passed could take even one page. It walks both lists in
-// address order at once, past each range in its way.
-func (d *Device) firstFit(from, placed uint64) (at uint64, tight bool) {
-	at, tight = from, true
+// firstFit is the lowest page-aligned address above the recording where
+// placed bytes are a page away from every handed-out range. It walks both
+// lists in address order at once, past each range in its way: a replay
+// under other settings places many ranges there.
+func (d *Device) firstFit(placed uint64) uint64 {
+	at := d.above
 	past := func(spans []span) int { // the first range ending after at-Granularity
 		return sort.Search(len(spans), func(i int) bool { return spans[i].end() > at-Granularity })
 	}
@@ -298,18 +289,9 @@ func (d *Device) firstFit(from, placed uint64) (at uint64, tight bool) {
 			next = &d.reserves[r]
 		}
 		if next == nil || next.addr >= at+placed+Granularity {
-			return at, tight
+			return at
 		}
-		tight = tight && next.addr < at+2*Granularity // nor could a page go at at
 		at = roundUp(next.end()) + Granularity
-	}
-}
-
-// freed keeps fitFrom true once the range at addr is given back: the
-// addresses a page below it on may now take a range.
-func (d *Device) freed(addr uint64) {
-	if d.fitFrom > 0 && addr < d.fitFrom+Granularity {
-		d.fitFrom = max(d.above, addr-Granularity)
 	}
 }
 
@@ -375,7 +357,6 @@ func (d *Device) Free(addr uint64) error {
 	}
 	d.used -= d.mallocs[i].size
 	d.mallocs = append(d.mallocs[:i], d.mallocs[i+1:]...)
-	d.freed(addr)
 	d.counts.Frees++
 	return nil
 }
@@ -420,7 +401,6 @@ func (d *Device) Unreserve(addr, size uint64) error {
 		}
 	}
 	d.reserves = append(d.reserves[:i], d.reserves[i+1:]...)
-	d.freed(addr)
 	d.counts.Unreserves++
 	return nil
 }

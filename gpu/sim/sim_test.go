@@ -452,10 +452,10 @@ func TestSetCapacity(t *testing.T) {
 	checkFree(t, d, 2*mib)
 }
 
-// firstFitAbove is where an unrecorded call of placed bytes goes: the
+// pageByPageFit is where an unrecorded call of placed bytes goes: the
 // first page-aligned address above the recording, one after the other,
 // where it is a page away from every handed-out range.
-func firstFitAbove(d *Device, placed uint64) uint64 {
+func pageByPageFit(d *Device, placed uint64) uint64 {
 	at := d.above
 	for !d.vacant(at-Granularity, placed+2*Granularity) {
 		at += Granularity
@@ -464,7 +464,7 @@ func firstFitAbove(d *Device, placed uint64) uint64 {
 }
 
 // Unrecorded mallocs and reservations of random sizes, given back in
-// random order, land where the plain first-fit walk above the recording
+// random order, land where a page-by-page scan above the recording
 // puts them.
 func TestRecordedFirstFitProperty(t *testing.T) {
 	const base = 0x7f3a00000000
@@ -500,7 +500,7 @@ func TestRecordedFirstFitProperty(t *testing.T) {
 				size -= uint64(r.IntN(int(Granularity))) // a malloc rounded up to pages
 			}
 			reserve := r.IntN(3) == 0 && size%Granularity == 0
-			want := firstFitAbove(d, roundUp(size))
+			want := pageByPageFit(d, roundUp(size))
 			var got uint64
 			var err error
 			if reserve {
