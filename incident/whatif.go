@@ -33,6 +33,11 @@ type WhatIf struct {
 	// whole stream runs without an OOM under this setting; 0 when none up
 	// to replay.MaxCapacityNeeded does.
 	CapacityNeeded uint64 `json:"capacity_needed"`
+	// LowestThatRuns, when less than CapacityNeeded, is a lower limit
+	// that runs too, with one between (FailsAt) that does not: the
+	// allocator is not monotone there (replay.Needed).
+	LowestThatRuns uint64 `json:"lowest_that_runs,omitempty"`
+	FailsAt        uint64 `json:"fails_at,omitempty"`
 	PeakReserved   uint64 `json:"peak_reserved"`
 	// FragmentationAtOOM is measured right after each original OOM's
 	// request (the layout an incident page shows), in their order.
@@ -130,7 +135,7 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 				if i >= first {
 					rows[i], results[i], err = replayOne(s, cfgs[i], original, false)
 				}
-				at := s.Capacity.Bytes
+				at := s.Allowed()
 				switch {
 				case errors.Is(err, gpu.ErrOutOfMemory):
 					at = 0 // the starting layout does not fit: search from nothing
@@ -141,7 +146,10 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 				if err != nil {
 					rows[i].Err = err.Error()
 				}
-				rows[i].CapacityNeeded = need
+				rows[i].CapacityNeeded = need.Steady
+				if need.Lowest < need.Steady {
+					rows[i].LowestThatRuns, rows[i].FailsAt = need.Lowest, need.FailsAt
+				}
 				if i == 0 && onOriginal != nil {
 					row := rows[0]
 					row.AllocConf = cfgs[0].String()
@@ -295,6 +303,10 @@ func NeededFirst(orig WhatIf, capacity uint64) string {
 func needed(r WhatIf) string {
 	if r.CapacityNeeded == 0 {
 		return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
+	}
+	if r.LowestThatRuns > 0 {
+		return gpu.FormatBytes(r.CapacityNeeded) + " (it also runs under " + gpu.FormatBytes(r.LowestThatRuns) +
+			" but not under " + gpu.FormatBytes(r.FailsAt) + ": the allocator asks a limit for whole segments)"
 	}
 	return gpu.FormatBytes(r.CapacityNeeded)
 }

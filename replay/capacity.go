@@ -108,3 +108,40 @@ func EstimateCapacity(initial *gpu.Layout, events []gpu.Event) (capacity uint64,
 	c := inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).capacity
 	return c.Bytes, c.Source == CapacityOOM
 }
+
+// Limit is a per-process limit on what the allocator may reserve
+// (torch.cuda.set_per_process_memory_fraction, or the
+// per_process_memory_fraction setting) that a recording implies but does
+// not record: an OOM while the device itself had the memory asked for.
+type Limit struct {
+	Bytes uint64 `json:"bytes"` // the limit replayed: High
+	// Low is the most the recording reserved (at event LowSeq): the limit
+	// allowed it.
+	Low    uint64 `json:"low"`
+	LowSeq int64  `json:"low_seq"`
+	// High is the most the limit can be: the OOM at event HighSeq asked
+	// for Asked bytes with Reserved held, and was refused while the
+	// device had DeviceFree free; Retries free-and-retry paths may have
+	// lowered it further.
+	High       uint64 `json:"high"`
+	HighSeq    int64  `json:"high_seq"`
+	Asked      uint64 `json:"asked"`
+	Reserved   uint64 `json:"reserved"`
+	DeviceFree uint64 `json:"device_free"`
+	Retries    int    `json:"retries,omitempty"`
+}
+
+// String says the limit and the evidence for it.
+func (l Limit) String() string {
+	if l.Bytes == 0 {
+		return "no per-process limit"
+	}
+	s := fmt.Sprintf("a per-process limit of %s, inferred: the recording reserved %s (event %d), so the limit was at least that; "+
+		"the OOM at event %d asked for a %s segment with %s reserved while the device had %s free, so a limit below %s refused it",
+		gpu.FormatBytes(l.Bytes), gpu.FormatBytes(l.Low), l.LowSeq, l.HighSeq, gpu.FormatBytes(l.Asked),
+		gpu.FormatBytes(l.Reserved), gpu.FormatBytes(l.DeviceFree), gpu.FormatBytes(l.Reserved+l.Asked))
+	if l.Retries > 0 {
+		s += fmt.Sprintf(" (%d free-and-retry %s bound it further)", l.Retries, plural(l.Retries, "path", "paths"))
+	}
+	return s
+}

@@ -15,6 +15,9 @@ type evidence struct {
 	// capacity from the first oom entry, else from the retries; Bytes 0
 	// when neither says.
 	capacity Capacity
+	// limit is a per-process limit the OOMs imply: the device had the
+	// memory they asked for (Bytes 0: none).
+	limit Limit
 }
 
 // runContext is what is known of a recording's device and settings
@@ -58,18 +61,34 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 		tot.Reserved = initial.Figures().Reserved
 		l = initial.Clone()
 	}
-	peak := tot.Reserved
-	type retry struct {
-		at   int
-		high uint64
-	}
+	peak, peakSeq := tot.Reserved, int64(-1)
 	var retries []retry
+	var limits []Limit // one per OOM the device had room for
 	released := func(a gpu.Action) bool { return a == gpu.ActionSegmentFree || a == gpu.ActionSegmentUnmap }
 	for i := 0; i < len(events); i++ {
 		e := &events[i]
 		switch {
-		case e.Action == gpu.ActionOOM && ev.capacity.Source == CapacityUnknown:
-			ev.capacity = Capacity{Bytes: tot.Reserved + e.DeviceFree, Source: CapacityOOM, OOMSeq: e.Seq}
+		case e.Action == gpu.ActionOOM:
+			if ev.capacity.Source == CapacityUnknown {
+				ev.capacity = Capacity{Bytes: tot.Reserved + e.DeviceFree, Source: CapacityOOM, OOMSeq: e.Seq}
+			}
+			// The allocator asks a per-process limit for the whole
+			// segment (alloc_size), mapped pages or not: a device with
+			// that much free did not refuse, the limit did.
+			// Expandable segments ask the device for whole pages, which
+			// can be more.
+			need := gpu.AllocationSize(e.Size)
+			device := need
+			if ctx.rules.Expandable {
+				page := uint64(gpu.LargeBuffer)
+				if gpu.PoolFor(e.Size) == gpu.PoolSmall {
+					page = gpu.SmallBuffer
+				}
+				device = max(need, (e.Size+page-1)/page*page)
+			}
+			if e.DeviceFree >= device && ctx.limit == 0 {
+				limits = append(limits, Limit{High: tot.Reserved + need - 1, HighSeq: e.Seq, Asked: need, Reserved: tot.Reserved, DeviceFree: e.DeviceFree})
+			}
 		case released(e.Action) && (i == 0 || !released(events[i-1].Action)):
 			before, j := tot.Reserved, i
 			for j < len(events) && released(events[j].Action) {
@@ -121,10 +140,16 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 			}
 		}
 		tot.Apply(e, false)
-		peak = max(peak, tot.Reserved)
+		if tot.Reserved > peak {
+			peak, peakSeq = tot.Reserved, e.Seq
+		}
 		if l != nil && l.Apply(*e) != nil {
 			l = nil
 		}
+	}
+	if len(limits) > 0 {
+		// The retries bounded the limit, not the device.
+		ev.limit, retries = inferLimit(limits, retries, peak, peakSeq, ev.emptyCache)
 	}
 	c := Capacity{Source: CapacityRetries, Low: peak, High: ^uint64(0), PeakReserved: peak}
 	for _, r := range retries {
@@ -145,6 +170,45 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 		ev.capacity = Capacity{PeakReserved: peak}
 	}
 	return ev
+}
+
+// retry is a free-and-retry path: the driver (or a limit) refused a
+// segment with the reservation then, so what it allowed was at most high.
+type retry struct {
+	at   int
+	high uint64
+}
+
+// inferLimit reads a per-process limit from the OOMs the device had room
+// for: each says the limit was below what the allocator held then plus
+// the segment it asked for; the retries at or above the peak reservation
+// bound it the same way (those below it were empty_cache() calls, marked
+// in emptyCache); every segment allocated says it was at least the peak.
+// The limit replayed is the highest all of them allow: every call that
+// succeeded succeeds under it, and every refusal is refused.
+func inferLimit(ooms []Limit, retries []retry, peak uint64, peakSeq int64, emptyCache map[int]bool) (Limit, []retry) {
+	l := ooms[0]
+	for _, o := range ooms[1:] {
+		if o.High < l.High {
+			l = o
+		}
+	}
+	l.Low, l.LowSeq = peak, peakSeq
+	for _, r := range retries {
+		if r.high < peak {
+			emptyCache[r.at] = true
+			continue
+		}
+		l.Retries++
+		l.High = min(l.High, r.high)
+	}
+	if l.High < l.Low {
+		// No single limit explains the recording: leave it to the
+		// device.
+		return Limit{}, retries
+	}
+	l.Bytes = l.High
+	return l, nil
 }
 
 // oversizeFits reports whether a run of releases can be malloc's under

@@ -8,6 +8,7 @@ package replay
 import (
 	"errors"
 	"fmt"
+	"math"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -21,6 +22,10 @@ const (
 	OpFree            // free the allocation made by request ID
 	OpRecordStream    // the allocation ID is also used on Stream
 	OpEmptyCache
+	// OpFreeDone: the other streams that used allocation ID, freed by a
+	// Deferred OpFree, are done with it; the allocator takes it back at
+	// its next malloc or release, as PyTorch's process_events does.
+	OpFreeDone
 )
 
 // Request is one call into the allocator. ID names an allocation across
@@ -38,6 +43,10 @@ type Request struct {
 	TimeUS int64
 	// OOM marks a malloc that failed when the stream was recorded.
 	OOM bool
+	// Deferred marks a free whose block other streams still used
+	// (record_stream, DistributedDataParallel's buckets): it stays
+	// pending until the stream's OpFreeDone of the same ID.
+	Deferred bool
 }
 
 // OOM is a request the allocator refused.
@@ -128,8 +137,21 @@ func (p *Replayer) Step(i int, r Request) error {
 			p.res.UnmatchedFrees++
 			return nil
 		}
+		if h, ok := a.Device().(holder); ok && r.Deferred {
+			// Another stream holds the block until OpFreeDone: one
+			// stream of the simulated device's own per deferred free.
+			s := deferStream(r.ID)
+			h.Hold(s)
+			if err := a.RecordStream(ptr, s); err != nil {
+				return fmt.Errorf("request %d: %w", i, err)
+			}
+		}
 		if err := a.FreeFrom(ptr, r.Stack); err != nil {
 			return fmt.Errorf("request %d: %w", i, err)
+		}
+	case OpFreeDone:
+		if h, ok := a.Device().(holder); ok {
+			h.Release(deferStream(r.ID))
 		}
 	case OpRecordStream:
 		if ptr, ok := p.live.get(r.ID); ok {
@@ -144,6 +166,17 @@ func (p *Replayer) Step(i int, r Request) error {
 	}
 	return nil
 }
+
+// holder is a device whose streams' work can be held back: the
+// simulated device.
+type holder interface {
+	Hold(stream int64)
+	Release(stream int64)
+}
+
+// deferStream is the stream that holds the block of the deferred free of
+// allocation id: below any stream id CUDA gives.
+func deferStream(id int64) int64 { return math.MinInt64/2 + id }
 
 // OOMs are the requests refused so far.
 func (p *Replayer) OOMs() []OOM { return p.res.OOMs }
@@ -252,6 +285,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 	}
 	ids := make(map[uint64]int64)
 	pending := make(map[uint64]int64)
+	waiting := make(map[uint64]int64) // deferred frees, by address, until their free_completed
 	var next int64
 	liveBlocks(initial, func(id int64, seg, block int) {
 		b := &initial.Segments[seg].Blocks[block]
@@ -278,11 +312,20 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 				id = -1 // allocated before the trace and unknown to the initial layout
 			}
 			delete(ids, e.Addr)
-			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
+			// A free whose free_completed does not follow at once waited
+			// for other streams.
+			deferred := id >= 0 && (i+1 >= len(events) || events[i+1].Action != gpu.ActionFreeCompleted || events[i+1].Addr != e.Addr)
+			if deferred {
+				waiting[e.Addr] = id
+			}
+			reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, Deferred: deferred})
 		case gpu.ActionFreeCompleted:
 			if id, ok := pending[e.Addr]; ok {
 				delete(pending, e.Addr)
 				reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
+			} else if id, ok := waiting[e.Addr]; ok {
+				delete(waiting, e.Addr)
+				reqs = append(reqs, Request{Op: OpFreeDone, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
 			}
 		case gpu.ActionOOM:
 			// The request that failed: replayed, it may succeed under other settings.

@@ -16,57 +16,79 @@ const CapacityStep = 2 << 20
 // device's address space.
 const MaxCapacityNeeded = 512 << 30
 
-// CapacityNeeded is the smallest device capacity, in CapacityStep steps,
-// on which s runs without an OOM under cfg; 0 when none up to
-// MaxCapacityNeeded does (a request larger than any device). known is a
-// replay of s under cfg on a device of knownAt bytes, where the search
-// starts: without an OOM, its peak reservation is enough; with one,
-// capacities double from it until one is.
+// Needed is the memory a stream needs under one configuration: the
+// smallest per-process limit (in CapacityStep steps) under which it runs
+// without an OOM. The allocator is not always monotone in it: with
+// expandable segments it asks a limit for a whole segment where it maps
+// fewer pages, so a run can fit under one limit and fail under the next
+// one up. Steady is the limit from which every limit tried up runs;
+// Lowest, when less, is a lower one that runs too, with a limit between
+// them that does not (FailsAt).
+type Needed struct {
+	Steady  uint64 `json:"steady"`
+	Lowest  uint64 `json:"lowest"`
+	FailsAt uint64 `json:"fails_at,omitempty"`
+}
+
+// Allowed is what the allocator may reserve in the recording: the
+// device's capacity, or the per-process limit under it.
+func (s *Stream) Allowed() uint64 {
+	if s.Limit.Bytes > 0 && s.Limit.Bytes < s.Capacity.Bytes {
+		return s.Limit.Bytes
+	}
+	return s.Capacity.Bytes
+}
+
+// CapacityNeeded searches the memory s needs under cfg (Needed; Steady 0
+// when no limit up to MaxCapacityNeeded is enough: a request larger than
+// any device). Each limit L is tried as PyTorch's per-process limit is
+// (cfg.Limit), on a device of at least L bytes, as the real allocator is
+// measured. known is a replay of s under cfg allowed knownAt bytes, where
+// the search starts: with an OOM, limits double from it until one is
+// enough.
 //
 // The search bisects between that and the most memory the stream's live
-// requests ever add up to (no device with less can serve them all), so it
-// assumes what is nearly always true: a device with more memory never
-// fails where a smaller one succeeds.
-func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64) (uint64, error) {
+// requests ever add up to (no limit below serves them all), then looks
+// at the limits next to the answer for a non-monotone edge.
+func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64) (Needed, error) {
 	lo := s.liveFloor(cfg.Rules) / CapacityStep
-	// hi: a capacity known to fit. Without a memory fraction, a run with
-	// no OOM fits on its peak reservation: its device calls never failed,
-	// so they succeed the same on any device at least that large. With
-	// one, the limit moves with the capacity: the peak is tried first.
-	var hi uint64
 	if len(known.OOMs) > 0 && knownAt > 0 {
 		lo = max(lo, knownAt/CapacityStep+1) // knownAt was too small
 	}
-	if len(known.OOMs) > 0 || knownAt == 0 {
-		for c := max(2*knownAt, 2*lo*CapacityStep, CapacityStep); ; c *= 2 {
-			c = min(c, MaxCapacityNeeded)
-			_, res, err := s.Run(cfg, c)
-			if err != nil && !errors.Is(err, gpu.ErrOutOfMemory) {
-				return 0, err
-			}
-			if err == nil && len(res.OOMs) == 0 {
-				known, knownAt = res, c
-				break
-			}
-			if c == MaxCapacityNeeded {
-				return 0, nil
-			}
-		}
-	}
-	hi = ceilDiv(known.PeakReserved, CapacityStep)
-	if cfg.MemoryFraction > 0 {
+	// hi: a limit known to fit. A run without an OOM reserved at most
+	// its peak, but a limit is asked for whole segments: the peak is tried
+	// first, then knownAt; with an OOM, limits double until one fits.
+	var hi uint64
+	if len(known.OOMs) == 0 && knownAt > 0 {
+		hi = ceilDiv(known.PeakReserved, CapacityStep)
 		if ok, err := s.fits(cfg, hi*CapacityStep); err != nil {
-			return 0, err
+			return Needed{}, err
 		} else if !ok {
 			hi = ceilDiv(knownAt, CapacityStep)
 		}
+	} else {
+		for c := max(2*knownAt, 2*lo*CapacityStep, CapacityStep); ; c *= 2 {
+			c = min(c, MaxCapacityNeeded)
+			ok, err := s.fits(cfg, c)
+			if err != nil {
+				return Needed{}, err
+			}
+			if ok {
+				hi = ceilDiv(c, CapacityStep)
+				break
+			}
+			if c == MaxCapacityNeeded {
+				return Needed{}, nil
+			}
+		}
 	}
 	lo = min(lo, hi)
+	top := hi
 	for lo < hi {
 		mid := lo + (hi-lo)/2
 		ok, err := s.fits(cfg, mid*CapacityStep)
 		if err != nil {
-			return 0, err
+			return Needed{}, err
 		}
 		if ok {
 			hi = mid
@@ -74,15 +96,44 @@ func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64
 			lo = mid + 1
 		}
 	}
-	return hi * CapacityStep, nil
+	return s.edge(cfg, hi, top)
+}
+
+// edge looks at the limits next to hi, the bisection's answer (hi-1 does
+// not fit, top fits): up from hi while they fail, for the limit from which
+// they run; else two steps down, for a lower one that runs.
+func (s *Stream) edge(cfg caching.Config, hi, top uint64) (Needed, error) {
+	n := Needed{Steady: hi * CapacityStep, Lowest: hi * CapacityStep}
+	for k := hi + 1; k < top; k++ {
+		ok, err := s.fits(cfg, k*CapacityStep)
+		if err != nil {
+			return Needed{}, err
+		}
+		if ok {
+			break
+		}
+		n.FailsAt, n.Steady = k*CapacityStep, (k+1)*CapacityStep
+	}
+	if n.FailsAt == 0 && hi >= 2 {
+		ok, err := s.fits(cfg, (hi-2)*CapacityStep)
+		if err != nil {
+			return Needed{}, err
+		}
+		if ok {
+			n.Lowest, n.FailsAt = (hi-2)*CapacityStep, (hi-1)*CapacityStep
+		}
+	}
+	return n, nil
 }
 
 func ceilDiv(n, d uint64) uint64 { return (n + d - 1) / d }
 
-// fits replays s under cfg on capacity bytes until the first OOM, and
-// says whether there was none.
-func (s *Stream) fits(cfg caching.Config, capacity uint64) (bool, error) {
-	a, err := caching.New(s.Device(capacity), cfg)
+// fits replays s under cfg with a per-process limit of limit bytes, on a
+// device of at least that much, until the first OOM, and says whether
+// there was none.
+func (s *Stream) fits(cfg caching.Config, limit uint64) (bool, error) {
+	cfg.Limit = limit
+	a, err := caching.New(s.Device(max(limit, s.Capacity.Bytes)), cfg)
 	if err != nil {
 		return false, err
 	}

@@ -24,6 +24,9 @@ type Stream struct {
 	// Ordinal is the device's index: messages name it ("GPU 1").
 	Ordinal  int
 	Capacity Capacity
+	// Limit is the per-process limit the recording implies (Bytes 0:
+	// none): every configuration the stream gives carries it.
+	Limit Limit
 	// Stacks are the stacks the requests and Initial's blocks refer to:
 	// StackID i is Stacks[i-1] (nil for an RMM log, which has none).
 	Stacks []gpu.Stack
@@ -64,6 +67,7 @@ func FromRecording(rec gpu.Recording) Stream {
 	ev := inferRuns(rec.Initial, rec.Events, ctx)
 	s.Requests = fromEvents(rec.Initial, rec.Events, ev.emptyCache)
 	s.Capacity = ev.capacity
+	s.Limit = ev.limit
 	if rec.Capacity > 0 {
 		s.Capacity = Capacity{Bytes: rec.Capacity, Source: CapacityRecorded, PeakReserved: ev.capacity.PeakReserved}
 	}
@@ -237,6 +241,7 @@ func (s *Stream) Config(overrides string) (caching.Config, error) {
 	if err != nil {
 		return caching.Config{}, fmt.Errorf("the recorded settings %q: %w", s.Settings, err)
 	}
+	c.Limit = s.Limit.Bytes
 	return Overlay(c, overrides)
 }
 

@@ -146,6 +146,9 @@ func New(dev gpu.Device, cfg Config, opts ...Option) (*Allocator, error) {
 	if cfg.MemoryFraction > 0 {
 		a.SetMemoryFraction(cfg.MemoryFraction)
 	}
+	if cfg.Limit > 0 {
+		a.allowedMax, a.setFraction = cfg.Limit, true
+	}
 	return a, nil
 }
 
@@ -510,8 +513,8 @@ func (a *Allocator) Free(addr uint64) error { return a.free(addr, 0, false) }
 // free on the autograd thread): as PyTorch stamps a free's trace entries
 // with the context of the free call, free_requested carries stack, and so
 // does free_completed when the block goes back at once; a completion that
-// waits for other streams comes from no call and carries the allocation's
-// stack.
+// waits for other streams carries the stack of the call that completes it
+// (a later malloc's, or an empty_cache's).
 func (a *Allocator) FreeFrom(addr uint64, stack gpu.StackID) error { return a.free(addr, stack, true) }
 
 func (a *Allocator) free(addr uint64, stack gpu.StackID, exact bool) error {
@@ -573,7 +576,7 @@ func (a *Allocator) processEvents() error {
 		}
 		p.block.eventCount--
 		if p.block.eventCount == 0 {
-			a.freeBlock(p.block, p.block.stack)
+			a.freeBlock(p.block, a.stack)
 		}
 	}
 	clear(a.pending[len(kept):])
@@ -720,7 +723,7 @@ func (a *Allocator) synchronizeAndFreeEvents() error {
 		}
 		p.block.eventCount--
 		if p.block.eventCount == 0 {
-			a.freeBlock(p.block, p.block.stack)
+			a.freeBlock(p.block, a.stack)
 		}
 	}
 	clear(a.pending)

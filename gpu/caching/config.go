@@ -16,7 +16,11 @@ type Config struct {
 	// GarbageCollectionThreshold in (0,1) turns GC on when a memory fraction is set.
 	GarbageCollectionThreshold float64
 	// MemoryFraction in (0,1] caps reserved memory at that share of the device; 0: unset.
-	MemoryFraction          float64
+	MemoryFraction float64
+	// Limit, when not 0, caps reserved memory at that many bytes, over
+	// MemoryFraction: the limit set_per_process_memory_fraction set with
+	// a call, which the settings do not record.
+	Limit                   uint64
 	ReleaseLockOnCudaMalloc bool
 	// Raw is the string the config was parsed from.
 	Raw string

@@ -433,11 +433,12 @@ func TestScenarioF_CrossStreamFree(t *testing.T) {
 }
 
 // TestFreeFromStacks: a free's entries carry the free call's stack, as
-// PyTorch's do, none when the call has no frames; a completion that waits
-// for another stream, and a free from no known stack (Free), carry the
-// allocation's.
+// PyTorch's do, none when the call has no frames; a free from no known
+// stack (Free) carries the allocation's; a completion that waited for
+// another stream carries the stack of the call that completed it (as in
+// the 2.11 DDP recording: all 8 of its deferred completions).
 func TestFreeFromStacks(t *testing.T) {
-	const allocated, freed gpu.StackID = 7, 9
+	const allocated, freed, completing gpu.StackID = 7, 9, 11
 	h := newHarness(t, 1<<30, "")
 	seen := 0
 	stacks := func(p uint64) map[gpu.Action]gpu.StackID {
@@ -458,7 +459,7 @@ func TestFreeFromStacks(t *testing.T) {
 		{freed, freed, freed, false, false},
 		{0, 0, 0, false, false},
 		{0, allocated, allocated, false, true},
-		{freed, freed, allocated, true, false},
+		{freed, freed, completing, true, false},
 	} {
 		p, err := h.a.Malloc(MiB, 1, allocated)
 		if err != nil {
@@ -479,7 +480,9 @@ func TestFreeFromStacks(t *testing.T) {
 		}
 		if c.otherStream {
 			h.dev.Release(2)
-			h.mallocOn(512, 1) // completes the free
+			if _, err := h.a.Malloc(512, 1, completing); err != nil { // completes the free
+				t.Fatal(err)
+			}
 		}
 		want := map[gpu.Action]gpu.StackID{gpu.ActionFreeRequested: c.requested, gpu.ActionFreeCompleted: c.completed}
 		if got := stacks(p); fmt.Sprint(got) != fmt.Sprint(want) {
