@@ -204,6 +204,10 @@ type Recording struct {
 	Settings string
 	Device   int
 	Capacity uint64
+	// Pools are the private pools (a graph capture's, a MemPool's) of
+	// the final layout's segments, by address; those of the default pools
+	// are left out.
+	Pools map[uint64][2]int64
 	// Stacks are distinct: StackID i is Stacks[i-1].
 	Stacks      []Stack
 	Annotations []Annotation

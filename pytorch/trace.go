@@ -118,6 +118,14 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 // record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
 	rec := gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device, Stacks: t.Stacks}
+	for i, info := range t.Segments {
+		if info.PoolID != ([2]int64{}) && i < len(t.Final.Segments) {
+			if rec.Pools == nil {
+				rec.Pools = map[uint64][2]int64{}
+			}
+			rec.Pools[t.Final.Segments[i].Addr] = info.PoolID
+		}
+	}
 	for _, a := range t.Annotations() {
 		rec.Annotations = append(rec.Annotations, gpu.Annotation{Device: a.Device, TimeUS: a.TimeUS, Stage: a.Stage, Name: a.Name})
 	}

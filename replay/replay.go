@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
+	"sort"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -43,6 +45,10 @@ type Request struct {
 	TimeUS int64
 	// OOM marks a malloc that failed when the stream was recorded.
 	OOM bool
+	// Pool is the private pool a malloc was served from (a graph
+	// capture's, a MemPool's; zero: the default pools), read from where
+	// the recording put it.
+	Pool caching.PoolID
 	// Deferred marks a free whose block other streams still used
 	// (record_stream, DistributedDataParallel's buckets): it stays
 	// pending until the stream's OpFreeDone of the same ID.
@@ -121,7 +127,7 @@ func (p *Replayer) Step(i int, r Request) error {
 	a := p.a
 	switch r.Op {
 	case OpMalloc:
-		ptr, err := a.Malloc(r.Size, r.Stream, r.Stack)
+		ptr, err := a.MallocIn(r.Pool, r.Size, r.Stream, r.Stack)
 		if err != nil {
 			var oom *caching.OutOfMemoryError
 			if errors.As(err, &oom) {
@@ -272,10 +278,12 @@ func liveBlocks(l *gpu.Layout, fn func(id int64, seg, block int)) {
 // (free_requested's, or a pending block's free_completed's); its
 // free_completed, which follows at once, has the same, as PyTorch's do.
 func FromEvents(initial *gpu.Layout, events []gpu.Event) []Request {
-	return fromEvents(initial, events, inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).emptyCache)
+	return fromEvents(initial, events, inferRuns(initial, events, runContext{rules: gpu.DefaultRules()}).emptyCache, nil)
 }
 
-func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool) []Request {
+// fromEvents is FromEvents with the empty_cache() calls inferred and the
+// private pools of the allocations (see allocPools).
+func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool, pools map[int]caching.PoolID) []Request {
 	n := len(emptyCache) // the requests, counted first: a slice of millions grown as they come is copied over and over
 	for i := range events {
 		switch events[i].Action {
@@ -305,7 +313,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		case gpu.ActionAlloc:
 			next++
 			ids[e.Addr] = next
-			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: e.Size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
+			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: e.Size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, Pool: pools[i]})
 		case gpu.ActionFreeRequested:
 			id, ok := ids[e.Addr]
 			if !ok {
@@ -334,4 +342,63 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		}
 	}
 	return reqs
+}
+
+// allocPools reads which private pool served each alloc of a recording
+// whose final segments are in pools (by address): the pool of the
+// segment holding its address, when that segment lasts to the end (a
+// private pool's segments are released only with the pool). Others are
+// the default pools'. nil when the recording has no private pool.
+func allocPools(initial *gpu.Layout, events []gpu.Event, pools map[uint64][2]int64) map[int]caching.PoolID {
+	if len(pools) == 0 {
+		return nil
+	}
+	type seg struct {
+		addr, end uint64
+		pool      caching.PoolID
+	}
+	var live []seg // by address
+	add := func(addr, size uint64, lasts bool) {
+		s := seg{addr: addr, end: addr + size}
+		if lasts {
+			s.pool = pools[addr]
+		}
+		k := sort.Search(len(live), func(i int) bool { return live[i].addr >= addr })
+		live = slices.Insert(live, k, s)
+	}
+	// lasts[i]: the segment event i allocates is not released later.
+	freedAfter := map[uint64]bool{}
+	lasts := make(map[int]bool)
+	for i := len(events) - 1; i >= 0; i-- {
+		switch e := &events[i]; e.Action {
+		case gpu.ActionSegmentFree:
+			freedAfter[e.Addr] = true
+		case gpu.ActionSegmentAlloc:
+			lasts[i] = !freedAfter[e.Addr]
+			delete(freedAfter, e.Addr)
+		}
+	}
+	if initial != nil {
+		for _, s := range initial.Segments {
+			add(s.Addr, s.Size, !freedAfter[s.Addr])
+		}
+	}
+	out := map[int]caching.PoolID{}
+	for i := range events {
+		switch e := &events[i]; e.Action {
+		case gpu.ActionSegmentAlloc:
+			add(e.Addr, e.Size, lasts[i])
+		case gpu.ActionSegmentFree:
+			k := sort.Search(len(live), func(i int) bool { return live[i].addr >= e.Addr })
+			if k < len(live) && live[k].addr == e.Addr {
+				live = slices.Delete(live, k, k+1)
+			}
+		case gpu.ActionAlloc:
+			k := sort.Search(len(live), func(i int) bool { return live[i].end > e.Addr })
+			if k < len(live) && live[k].addr <= e.Addr && live[k].pool != (caching.PoolID{}) {
+				out[i] = live[k].pool
+			}
+		}
+	}
+	return out
 }

@@ -51,7 +51,13 @@ func (s *Stream) Allowed() uint64 {
 // requests ever add up to (no limit below serves them all), then looks
 // at the limits next to the answer for a non-monotone edge.
 func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64) (Needed, error) {
-	lo := s.liveFloor(cfg.Rules) / CapacityStep
+	lo := s.liveFloor(cfg.Rules)
+	if cfg.Expandable {
+		// A limit is asked for alloc_size, and a map can then take up to
+		// a page more: the live bytes can pass it by that much.
+		lo -= min(lo, gpu.LargeBuffer)
+	}
+	lo /= CapacityStep
 	if len(known.OOMs) > 0 && knownAt > 0 {
 		lo = max(lo, knownAt/CapacityStep+1) // knownAt was too small
 	}
@@ -83,7 +89,7 @@ func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64
 		}
 	}
 	lo = min(lo, hi)
-	top := hi
+	top, floor := hi, lo
 	for lo < hi {
 		mid := lo + (hi-lo)/2
 		ok, err := s.fits(cfg, mid*CapacityStep)
@@ -96,13 +102,14 @@ func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64
 			lo = mid + 1
 		}
 	}
-	return s.edge(cfg, hi, top)
+	return s.edge(cfg, hi, top, hi > floor)
 }
 
-// edge looks at the limits next to hi, the bisection's answer (hi-1 does
-// not fit, top fits): up from hi while they fail, for the limit from which
-// they run; else two steps down, for a lower one that runs.
-func (s *Stream) edge(cfg caching.Config, hi, top uint64) (Needed, error) {
+// edge looks at the limits next to hi, the bisection's answer (top
+// fits; hi-1 does not when below is set): up from hi while they fail,
+// for the limit from which they run; else two steps down, for a lower one
+// that runs.
+func (s *Stream) edge(cfg caching.Config, hi, top uint64, below bool) (Needed, error) {
 	n := Needed{Steady: hi * CapacityStep, Lowest: hi * CapacityStep}
 	for k := hi + 1; k < top; k++ {
 		ok, err := s.fits(cfg, k*CapacityStep)
@@ -114,7 +121,7 @@ func (s *Stream) edge(cfg caching.Config, hi, top uint64) (Needed, error) {
 		}
 		n.FailsAt, n.Steady = k*CapacityStep, (k+1)*CapacityStep
 	}
-	if n.FailsAt == 0 && hi >= 2 {
+	if n.FailsAt == 0 && below && hi >= 2 {
 		ok, err := s.fits(cfg, (hi-2)*CapacityStep)
 		if err != nil {
 			return Needed{}, err

@@ -65,7 +65,7 @@ func FromRecording(rec gpu.Recording) Stream {
 		ctx.gcAbove = uint64(cfg.GarbageCollectionThreshold * cfg.MemoryFraction * float64(rec.Capacity))
 	}
 	ev := inferRuns(rec.Initial, rec.Events, ctx)
-	s.Requests = fromEvents(rec.Initial, rec.Events, ev.emptyCache)
+	s.Requests = fromEvents(rec.Initial, rec.Events, ev.emptyCache, allocPools(rec.Initial, rec.Events, rec.Pools))
 	s.Capacity = ev.capacity
 	s.Limit = ev.limit
 	if rec.Capacity > 0 {

@@ -54,6 +54,9 @@ type blockPool struct {
 	blocks   blockSet // free mapped blocks by (stream, size, addr)
 	unmapped blockSet // unmapped expandable blocks by (stream, addr)
 	small    bool
+	// private is the pool of a graph capture or MemPool that owns this
+	// one (zero: the default pools).
+	private PoolID
 	// getFreeBlocksCallCount is the GC's age clock.
 	getFreeBlocksCallCount uint64
 }
@@ -72,6 +75,17 @@ func (p *blockPool) kind() gpu.Pool {
 	return gpu.PoolLarge
 }
 
+// PoolID names a private pool as PyTorch does (segment_pool_id): a CUDA
+// graph capture's or a torch.cuda.MemPool's; the zero value is the
+// default pools.
+type PoolID [2]int64
+
+// privatePool is PyTorch's PrivatePool: a small and a large pool of
+// their own, whose segments serve only the requests routed to them and
+// are never released by empty_cache (only with the pool, which a replay
+// does not see).
+type privatePool struct{ small, large blockPool }
+
 type pendingFree struct {
 	block *Block
 	fence gpu.Fence
@@ -84,6 +98,8 @@ type Allocator struct {
 	cfg   Config
 	small blockPool
 	large blockPool
+	// private are the pools of graph captures and MemPools, by id.
+	private map[PoolID]*privatePool
 
 	live    ptrMap        // allocated blocks by address
 	pending []pendingFree // cross-stream frees waiting for fences, in order
@@ -274,6 +290,15 @@ const maxRequest = 1 << 60 // 1 EiB
 // Malloc allocates size bytes on stream (DeviceCachingAllocator::malloc).
 // stack is stamped on the events this call emits.
 func (a *Allocator) Malloc(size uint64, stream int64, stack gpu.StackID) (uint64, error) {
+	return a.MallocIn(PoolID{}, size, stream, stack)
+}
+
+// MallocIn is Malloc into private pool id (the zero id: the default
+// pools), as PyTorch routes the requests of a graph capture's stream or
+// of a MemPool's context: the pool's own blocks serve it, and a new
+// segment it needs is the pool's (always cudaMalloc'd: private pools do
+// not use expandable segments).
+func (a *Allocator) MallocIn(id PoolID, size uint64, stream int64, stack gpu.StackID) (uint64, error) {
 	if size == 0 {
 		return 0, nil
 	}
@@ -285,10 +310,7 @@ func (a *Allocator) Malloc(size uint64, stream int64, stack gpu.StackID) (uint64
 		return 0, err
 	}
 	rounded := a.cfg.RoundSize(size)
-	pool := &a.large
-	if rounded <= gpu.SmallSize {
-		pool = &a.small
-	}
+	pool := a.poolFor(id, rounded)
 	allocSize := gpu.AllocationSize(rounded)
 
 	b := a.getFreeBlock(pool, stream, rounded)
@@ -328,6 +350,33 @@ func (a *Allocator) Malloc(size uint64, stream int64, stack gpu.StackID) (uint64
 	rules := a.cfg.Rules
 	split := rules.ShouldSplit(pool.kind(), b.size, rounded)
 	return a.allocFoundBlock(b, pool, rounded, size, split), nil
+}
+
+// poolFor is get_pool: the block pool of private pool id (created on
+// first use) or the default one, small or large by the rounded size.
+func (a *Allocator) poolFor(id PoolID, rounded uint64) *blockPool {
+	small := rounded <= gpu.SmallSize
+	if id == (PoolID{}) {
+		if small {
+			return &a.small
+		}
+		return &a.large
+	}
+	p := a.private[id]
+	if p == nil {
+		if a.private == nil {
+			a.private = map[PoolID]*privatePool{}
+		}
+		p = &privatePool{
+			small: blockPool{blocks: blockSet{bySize: true}, small: true, private: id},
+			large: blockPool{blocks: blockSet{bySize: true}, private: id},
+		}
+		a.private[id] = p
+	}
+	if small {
+		return &p.small
+	}
+	return &p.large
 }
 
 func (a *Allocator) oom(size, rounded, allocSize uint64, stream int64) error {
@@ -407,7 +456,7 @@ func (a *Allocator) allocBlock(pool *blockPool, stream int64, rounded, allocSize
 	if a.setFraction && a.totalAllocated+allocSize > a.allowedMax {
 		return nil, nil
 	}
-	if a.cfg.Expandable {
+	if a.cfg.Expandable && pool.private == (PoolID{}) {
 		return a.tryAllocateExpandableBlock(pool, stream, rounded)
 	}
 	addr, err := a.dev.Malloc(allocSize)
