@@ -225,3 +225,55 @@ func TestWhatIfPerOOM(t *testing.T) {
 		t.Error("a third OOM")
 	}
 }
+
+// TestWhatIfUnderAnUnrecordedLimit: the 2.11 fragmenting stream ran out of
+// memory under torch.cuda.set_per_process_memory_fraction, which the
+// snapshot does not record. The what-if replays it under the limit it
+// infers: the original row has the recorded OOM at request 5,677,
+// expandable segments serve it (the real allocator ran the stream under
+// that limit with them), and the memory needed with the recorded settings
+// is the real allocator's, 5,299,503,104 B (frag_default.json).
+func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
+	traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch-2.11", "frag_default_oom.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := replay.FromRecording(traces[0].Recording())
+	table, err := Answer(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fmt.Sprint(table.OOMs) != "[{5677 292552704}]" || fmt.Sprint(table.Rows[0].OOMs) != fmt.Sprint(table.OOMs) || table.Contradiction != "" {
+		t.Errorf("original OOMs %v, replayed %v; %q", table.OOMs, table.Rows[0].OOMs, table.Contradiction)
+	}
+	if table.Limit == nil || table.Limit.DeviceFree < 100<<30 {
+		t.Fatalf("limit %+v", table.Limit)
+	}
+	exp := table.Rows[1]
+	if exp.Variant != "expandable_segments:True" || !exp.Serves(5677) || len(exp.NewOOMs) != 0 {
+		t.Errorf("expandable segments: %+v", exp)
+	}
+	if n := table.Rows[0].CapacityNeeded; n != 5299503104 {
+		t.Errorf("needs %d B with the recorded settings, the real allocator 5,299,503,104", n)
+	}
+	if n := table.Needed(); !strings.Contains(n, "as a per-process limit; the recording ran under one of 4.94 GiB") {
+		t.Errorf("needed: %q", n)
+	}
+}
+
+// TestWhatIfSaysWhenItCannotReproduce: an OOM no capacity explains (the
+// recording claims one where the replay serves the request) is said
+// plainly, not contradicted by the table.
+func TestWhatIfSaysWhenItCannotReproduce(t *testing.T) {
+	reqs := []replay.Request{
+		{Op: replay.OpMalloc, ID: 1, Size: 8 * MiB},
+		{Op: replay.OpMalloc, ID: 2, Size: 8 * MiB, OOM: true},
+	}
+	table, err := Answer(onDevice(reqs, 1<<30))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(table.Contradiction, "does not reproduce the recording: it ran out of memory at no request where the recording did at request 1") {
+		t.Errorf("contradiction %q", table.Contradiction)
+	}
+}

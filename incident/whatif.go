@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 
 	"vramscope/gpu"
@@ -65,10 +66,19 @@ type Table struct {
 	// CapacityFrom says where the capacity came from ("inferred from 39 retries").
 	CapacityFrom string `json:"capacity_from"`
 	Requests     int    `json:"requests"`
+	// Limit is the per-process limit the recording ran under, inferred
+	// (nil when none): every row replays under it, and memory needed is
+	// that limit's smallest value that works.
+	Limit *replay.Limit `json:"limit,omitempty"`
 	// OOMs are the original OOMs: the recorded ones, else (an RMM log)
 	// those of the replay under the original settings.
 	OOMs []OOMAt  `json:"original_ooms"`
 	Rows []WhatIf `json:"rows"`
+	// Contradiction, when not empty, says plainly that the replay under
+	// the recorded settings does not reproduce the recorded OOMs: no
+	// capacity or limit found explains them, so the other rows are not
+	// to be read against the recording.
+	Contradiction string `json:"contradiction,omitempty"`
 }
 
 // Answer replays s under its own settings and under each of Variants on a
@@ -83,7 +93,41 @@ func answer(s replay.Stream, onOriginal func(WhatIf)) (Table, error) {
 	if err != nil {
 		return Table{}, err
 	}
-	return Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), Requests: len(s.Requests), OOMs: ooms, Rows: rows}, nil
+	t := Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), Requests: len(s.Requests), OOMs: ooms, Rows: rows}
+	if s.Limit.Bytes > 0 {
+		t.Limit = &s.Limit
+	}
+	t.Contradiction = contradiction(ooms, rows[0])
+	return t, nil
+}
+
+// contradiction says where the replay under the recorded settings, orig,
+// does not reproduce the recorded OOMs; empty when it does.
+func contradiction(recorded []OOMAt, orig WhatIf) string {
+	if orig.Err != "" || slices.Equal(recorded, orig.OOMs) || len(recorded) == 0 {
+		return ""
+	}
+	return fmt.Sprintf("The replay under the recorded settings does not reproduce the recording: it ran out of memory at %s where the recording did at %s. "+
+		"Nothing in the recording explains its OOMs (memory another process held, or a limit it does not say); "+
+		"read the other settings' rows as replays on this device, not as what the run would have done.", oomList(orig.OOMs), oomList(recorded))
+}
+
+func oomList(ooms []OOMAt) string {
+	if len(ooms) == 0 {
+		return "no request"
+	}
+	var at []string
+	for _, o := range ooms {
+		at = append(at, fmt.Sprint(o.Index))
+	}
+	return plural(len(ooms), "request ", "requests ") + strings.Join(at, ", ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // WhatIfs replays s on a simulated device of s.Capacity.Bytes under its
@@ -290,7 +334,16 @@ func (t Table) Needed() string {
 	} else {
 		s += "; no setting tried needs less"
 	}
-	return s + " (the device has " + gpu.FormatBytes(t.Capacity) + ")."
+	return s + " (" + t.device() + ")."
+}
+
+// device says what the recording ran on: the device, and the per-process
+// limit under it when there was one.
+func (t Table) device() string {
+	if t.Limit != nil {
+		return "as a per-process limit; the recording ran under one of " + gpu.FormatBytes(t.Limit.Bytes) + ", on a device of " + gpu.FormatBytes(t.Capacity)
+	}
+	return "the device has " + gpu.FormatBytes(t.Capacity)
 }
 
 // NeededFirst is what Needed says while only the recorded settings' row,

@@ -136,9 +136,13 @@ func (l Limit) String() string {
 	if l.Bytes == 0 {
 		return "no per-process limit"
 	}
-	s := fmt.Sprintf("a per-process limit of %s, inferred: the recording reserved %s (event %d), so the limit was at least that; "+
-		"the OOM at event %d asked for a %s segment with %s reserved while the device had %s free, so a limit below %s refused it",
-		gpu.FormatBytes(l.Bytes), gpu.FormatBytes(l.Low), l.LowSeq, l.HighSeq, gpu.FormatBytes(l.Asked),
+	at := ""
+	if l.LowSeq >= 0 {
+		at = fmt.Sprintf(" (event %d)", l.LowSeq)
+	}
+	s := fmt.Sprintf("a per-process limit of %s, inferred: the recording reserved %s%s, so the limit was at least that; "+
+		"the OOM at event %d asked for a %s segment with %s reserved while the device had %s free, so the limit was under %s",
+		gpu.FormatBytes(l.Bytes), gpu.FormatBytes(l.Low), at, l.HighSeq, gpu.FormatBytes(l.Asked),
 		gpu.FormatBytes(l.Reserved), gpu.FormatBytes(l.DeviceFree), gpu.FormatBytes(l.Reserved+l.Asked))
 	if l.Retries > 0 {
 		s += fmt.Sprintf(" (%d free-and-retry %s bound it further)", l.Retries, plural(l.Retries, "path", "paths"))

@@ -13,18 +13,20 @@ import (
 	"vramscope/pytorch"
 )
 
-// realDir holds the real snapshots: ../../shared beside the checkout's
-// packages here, ../shared beside the clone in CI.
-func realDir(t testing.TB) string {
-	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch"} {
+// realDir holds the real snapshots of set (pytorch: PyTorch 2.0-2.2;
+// pytorch-2.11: recordings of a real GPU with today's PyTorch): in
+// ../../shared beside the checkout's packages here, ../shared beside the
+// clone in CI.
+func realDir(t testing.TB, set string) string {
+	for _, dir := range []string{"../../shared/testdata/" + set, "../shared/testdata/" + set} {
 		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
 			return dir
 		}
 	}
 	if os.Getenv("CI") == "true" {
-		t.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
+		t.Fatalf("the real snapshots (shared/testdata/%s) are missing", set)
 	}
-	t.Skip("the real snapshots (shared/testdata/pytorch) are not here")
+	t.Skipf("the real snapshots (shared/testdata/%s) are not here", set)
 	return ""
 }
 
@@ -34,38 +36,45 @@ type realTrace struct {
 	*pytorch.Trace
 }
 
-var (
-	realOnce   sync.Once
-	realCache  []realTrace
-	realFailed error
-)
+// realSet is the device traces of a set of real snapshots, decoded once.
+type realSet struct {
+	once   sync.Once
+	traces []realTrace
+	failed error
+}
 
-// realTraces decodes every real snapshot once, and returns its device
+var realSets = map[string]*realSet{"pytorch": {}, "pytorch-2.11": {}}
+
+// realTracesOf decodes every snapshot of set once, and returns its device
 // traces.
-func realTraces(t *testing.T) []realTrace {
+func realTracesOf(t *testing.T, set string) []realTrace {
 	t.Helper()
-	dir := realDir(t)
-	realOnce.Do(func() {
+	dir := realDir(t, set)
+	rs := realSets[set]
+	rs.once.Do(func() {
 		files, _ := filepath.Glob(filepath.Join(dir, "*"))
 		for _, f := range files {
-			if filepath.Ext(f) == ".md" {
-				continue
+			if ext := filepath.Ext(f); ext == ".md" || ext == ".py" || ext == ".json" && set != "pytorch" {
+				continue // the 2.11 set's .json are the real runs' figures
 			}
 			all, err := pytorch.DecodeFile(f)
 			if err != nil {
-				realFailed = fmt.Errorf("%s: %w", f, err)
+				rs.failed = fmt.Errorf("%s: %w", f, err)
 				return
 			}
 			for _, tr := range all {
-				realCache = append(realCache, realTrace{fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), tr})
+				rs.traces = append(rs.traces, realTrace{fmt.Sprintf("%s/device%d", filepath.Base(f), tr.Device), tr})
 			}
 		}
 	})
-	if realFailed != nil {
-		t.Fatal(realFailed)
+	if rs.failed != nil {
+		t.Fatal(rs.failed)
 	}
-	return realCache
+	return rs.traces
 }
+
+// realTraces are the device traces of the PyTorch 2.0-2.2 snapshots.
+func realTraces(t *testing.T) []realTrace { return realTracesOf(t, "pytorch") }
 
 // replayed runs s under its recorded settings with the recorded addresses
 // and returns the events after the starting layout, and the allocator.

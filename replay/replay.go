@@ -25,8 +25,8 @@ const (
 	OpRecordStream    // the allocation ID is also used on Stream
 	OpEmptyCache
 	// OpFreeDone: the other streams that used allocation ID, freed by a
-	// Deferred OpFree, are done with it; the allocator takes it back at
-	// its next malloc or release, as PyTorch's process_events does.
+	// Deferred OpFree, are done with it, and the allocator takes it back
+	// then, with the frames of the call that did (its free_completed's).
 	OpFreeDone
 )
 
@@ -158,6 +158,11 @@ func (p *Replayer) Step(i int, r Request) error {
 	case OpFreeDone:
 		if h, ok := a.Device().(holder); ok {
 			h.Release(deferStream(r.ID))
+			// Where the recording completed it: before a malloc, inside
+			// an empty_cache(), wherever.
+			if err := a.ProcessEventsFrom(r.Stack); err != nil {
+				return fmt.Errorf("request %d: %w", i, err)
+			}
 		}
 	case OpRecordStream:
 		if ptr, ok := p.live.get(r.ID); ok {
@@ -320,9 +325,11 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 				id = -1 // allocated before the trace and unknown to the initial layout
 			}
 			delete(ids, e.Addr)
-			// A free whose free_completed does not follow at once waited
-			// for other streams.
-			deferred := id >= 0 && (i+1 >= len(events) || events[i+1].Action != gpu.ActionFreeCompleted || events[i+1].Addr != e.Addr)
+			// A free whose free_completed does not follow at once, or
+			// follows from another call (other frames), waited for other
+			// streams.
+			deferred := id >= 0 && (i+1 >= len(events) || events[i+1].Action != gpu.ActionFreeCompleted || events[i+1].Addr != e.Addr ||
+				events[i+1].Stack != e.Stack)
 			if deferred {
 				waiting[e.Addr] = id
 			}
@@ -333,7 +340,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 				reqs = append(reqs, Request{Op: OpFree, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
 			} else if id, ok := waiting[e.Addr]; ok {
 				delete(waiting, e.Addr)
-				reqs = append(reqs, Request{Op: OpFreeDone, ID: id, Stream: e.Stream, TimeUS: e.TimeUS})
+				reqs = append(reqs, Request{Op: OpFreeDone, ID: id, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS})
 			}
 		case gpu.ActionOOM:
 			// The request that failed: replayed, it may succeed under other settings.

@@ -434,7 +434,20 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	if rec.Stacks, err = r.stacks(); err != nil {
 		return rec, err
 	}
-	rec.Annotations, err = db.Annotations(id)
+	if rec.Annotations, err = db.Annotations(id); err != nil {
+		return rec, err
+	}
+	// The private pools of an upload's segments, which a replay routes
+	// its requests to.
+	segs, err := db.SnapshotSegments(id)
+	for _, s := range segs {
+		if s.PoolID != ([2]int64{}) {
+			if rec.Pools == nil {
+				rec.Pools = map[uint64][2]int64{}
+			}
+			rec.Pools[s.Segment.Addr] = s.PoolID
+		}
+	}
 	return rec, err
 }
 

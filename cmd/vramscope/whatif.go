@@ -51,6 +51,12 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		return enc.Encode(rows)
 	}
 	fmt.Fprintf(stdout, "%d requests replayed on a simulated device: %s\n", table.Requests, stream.Capacity)
+	if table.Limit != nil {
+		fmt.Fprintf(stdout, "under %s\n", table.Limit)
+	}
+	if table.Contradiction != "" {
+		fmt.Fprintf(stdout, "%s\n", table.Contradiction)
+	}
 	switch len(table.OOMs) {
 	case 0:
 		fmt.Fprintln(stdout, "no OOM under the recorded settings")

@@ -608,6 +608,15 @@ func (a *Allocator) insertEvents(b *Block) error {
 	return nil
 }
 
+// ProcessEventsFrom is process_events called from stack: the frees
+// whose other streams are done go back to their pools now, their
+// free_completed carrying stack. Malloc does this first; a replay calls
+// it where the recording completed a free.
+func (a *Allocator) ProcessEventsFrom(stack gpu.StackID) error {
+	a.stack = stack
+	return a.processEvents()
+}
+
 // processEvents is process_events: complete the frees whose fences are done.
 func (a *Allocator) processEvents() error {
 	if len(a.pending) == 0 {
@@ -906,6 +915,15 @@ func (a *Allocator) Snapshot() []gpu.Segment {
 		}
 	}
 	return segs
+}
+
+// SegmentPool is the private pool of the segment at addr (zero: a
+// default pool's, or no segment there).
+func (a *Allocator) SegmentPool(addr uint64) PoolID {
+	if r := a.regions[addr]; r != nil {
+		return r.pool.private
+	}
+	return PoolID{}
 }
 
 // Layout returns the snapshot as a gpu.Layout under the allocator's rules.

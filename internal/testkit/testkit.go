@@ -29,15 +29,22 @@ import (
 // clone in CI). The test is skipped where they are missing, and fails in CI.
 func Snapshot(tb testing.TB, name string) string {
 	tb.Helper()
-	for _, dir := range []string{"../../shared/testdata/pytorch", "../shared/testdata/pytorch", "../../../shared/testdata/pytorch"} {
-		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
-			return filepath.Join(dir, name)
+	return SnapshotOf(tb, "pytorch", name)
+}
+
+// SnapshotOf is Snapshot in the real set shared/testdata/set (pytorch-2.11:
+// today's PyTorch on a real GPU).
+func SnapshotOf(tb testing.TB, set, name string) string {
+	tb.Helper()
+	for _, dir := range []string{"../../shared/testdata/", "../shared/testdata/", "../../../shared/testdata/"} {
+		if _, err := os.Stat(filepath.Join(dir, set, "PROVENANCE.md")); err == nil {
+			return filepath.Join(dir, set, name)
 		}
 	}
 	if os.Getenv("CI") == "true" {
-		tb.Fatal("the real snapshots (shared/testdata/pytorch) are missing")
+		tb.Fatalf("the real snapshots (shared/testdata/%s) are missing", set)
 	}
-	tb.Skip("the real snapshots (shared/testdata/pytorch) are not here")
+	tb.Skipf("the real snapshots (shared/testdata/%s) are not here", set)
 	return ""
 }
 

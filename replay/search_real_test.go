@@ -1,0 +1,74 @@
+package replay
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+)
+
+// fragOpsScript prints the request stream of record.py's frag scenario
+// (frag_ops(), a seeded random list), reading only that function of the
+// script: the stream the real allocator's bisection ran, whole, where the
+// snapshot recorded under a limit holds it only up to its OOM.
+const fragOpsScript = `
+import ast, random, sys
+tree = ast.parse(open(sys.argv[1]).read())
+ns = {"random": random, "MiB": 1 << 20}
+for node in tree.body:
+    if isinstance(node, ast.FunctionDef) and node.name == "frag_ops":
+        exec(compile(ast.Module([node], []), "record.py", "exec"), ns)
+for op in ns["frag_ops"]():
+    print(*op)
+`
+
+// TestFragStreamNeeded: the whole fragmenting stream of the 2.11
+// recordings, replayed under per-process limits as the real allocator was
+// bisected on an H200, needs what the real one needed with expandable
+// segments (PROVENANCE.md: fails at 3,613,392,896 B, runs at
+// 3,615,490,048 B, fails at 3,617,587,200 B, runs from 3,619,684,352 B
+// up), the non-monotone edge included.
+func TestFragStreamNeeded(t *testing.T) {
+	script := filepath.Join(realDir(t, "pytorch-2.11"), "record.py")
+	out, err := exec.Command("python3", "-c", fragOpsScript, script).Output()
+	if err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("python3: %v", err)
+		}
+		t.Skipf("python3: %v", err)
+	}
+	var reqs []Request
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var op string
+		var id int64
+		var size uint64
+		fmt.Sscan(sc.Text(), &op, &id, &size)
+		if op == "alloc" {
+			reqs = append(reqs, Request{Op: OpMalloc, ID: id + 1, Size: size})
+		} else {
+			reqs = append(reqs, Request{Op: OpFree, ID: id + 1})
+		}
+	}
+	if len(reqs) != 11889 {
+		t.Fatalf("%d requests, want the 11,889 of frag_default.json", len(reqs))
+	}
+	const h200 = 150109880320
+	s := Stream{Requests: reqs, Capacity: Capacity{Bytes: h200, Source: CapacityGiven}}
+	cfg, err := s.Config("expandable_segments:True")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for limit, want := range map[uint64]bool{3613392896: false, 3615490048: true, 3617587200: false, 3619684352: true} {
+		if ok, err := s.fits(cfg, limit); err != nil || ok != want {
+			t.Errorf("under %d B: runs %v (%v), the real allocator %v", limit, ok, err, want)
+		}
+	}
+	n, err := s.CapacityNeeded(cfg, Result{}, 0)
+	if err != nil || n != (Needed{Steady: 3619684352, Lowest: 3615490048, FailsAt: 3617587200}) {
+		t.Errorf("needed %+v (%v)", n, err)
+	}
+}
