@@ -157,9 +157,20 @@ func TestRealOOMSnapshots(t *testing.T) {
 			t.Errorf("%s: the original settings replayed without the OOM: %+v", c.file, ws[0])
 		}
 		for _, w := range ws {
-			if !strings.Contains(w.AllocConf, "expandable") && c.file == "expandable_oom_multigpu.pickle" {
+			if !strings.Contains(w.AllocConf, "expandable") && c.file == "expandable_oom_multigpu.pickle" && w.Variant != DefaultsVariant {
 				t.Errorf("%s: variants keep the original expandable_segments: %q", c.file, w.AllocConf)
 			}
+		}
+		// One row per distinct setting, and one of PyTorch's defaults.
+		seen := map[string]bool{}
+		for _, w := range ws {
+			if seen[w.AllocConf] {
+				t.Errorf("%s: two rows of %q", c.file, w.AllocConf)
+			}
+			seen[w.AllocConf] = true
+		}
+		if !seen[""] {
+			t.Errorf("%s: no row of the default settings", c.file)
 		}
 	}
 }

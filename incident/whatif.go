@@ -60,6 +60,10 @@ var Variants = []string{
 	"roundup_power2_divisions:4",
 }
 
+// DefaultsVariant names the row of PyTorch's default settings, which a
+// recording under other settings gets.
+const DefaultsVariant = "the default settings"
+
 // Table is the what-if answer for a request stream.
 type Table struct {
 	Capacity uint64 `json:"capacity_bytes"`
@@ -143,13 +147,27 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 	if err != nil {
 		return nil, nil, err
 	}
+	// One row per distinct setting: a variant the recording already had
+	// is left out, and a recording under other settings gets a row for
+	// PyTorch's defaults first.
 	cfgs := []caching.Config{orig}
+	var labels []string
+	seen := map[string]bool{orig.String(): true}
+	add := func(label string, c caching.Config) {
+		if !seen[c.String()] {
+			seen[c.String()] = true
+			cfgs, labels = append(cfgs, c), append(labels, label)
+		}
+	}
+	def := caching.DefaultConfig()
+	def.Limit = orig.Limit
+	add(DefaultsVariant, def)
 	for _, v := range variants {
 		c, err := replay.Overlay(orig, v)
 		if err != nil {
 			return nil, nil, fmt.Errorf("variant %q: %w", v, err)
 		}
-		cfgs = append(cfgs, c)
+		add(v, c)
 	}
 	var recorded []OOMAt
 	for i, r := range s.Requests {
@@ -213,7 +231,7 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 	for i := range rows {
 		rows[i].AllocConf = cfgs[i].String()
 		if i > 0 {
-			rows[i].Variant = variants[i-1]
+			rows[i].Variant = labels[i-1]
 		}
 		rows[i].Avoided, rows[i].NewOOMs = compare(original, rows[i].OOMs, rows[i].Err == "")
 	}
