@@ -26,8 +26,13 @@ type Report struct {
 	Capacity    uint64 `json:"capacity_bytes,omitempty"`
 
 	gpu.Figures
-	// NotAllocated is what the device and the cache held free together.
+	// NotAllocated is what the device and the cache held free together;
+	// under a per-process limit, what the cache held.
 	NotAllocated uint64 `json:"not_allocated_bytes"`
+	// LimitUnder, when not 0, says a per-process limit refused the
+	// request, not the device, which had the memory: the limit was under
+	// what the allocator held plus the segment it asked for.
+	LimitUnder uint64 `json:"limit_under_bytes,omitempty"`
 
 	Pools   []PoolFree      `json:"pools"`
 	Pinned  []PinnedSegment `json:"pinned_segments"`
@@ -83,6 +88,12 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 	}
 	r.Figures = l.Figures()
 	r.NotAllocated = r.DeviceFree + r.CachedFree
+	// A limit asks for the whole segment (alloc_size); a device with the
+	// pages free did not refuse it (see replay's inferLimit).
+	if ask := gpu.AllocationSize(oom.Size); r.DeviceFree >= max(ask, r.SegmentSize) {
+		r.LimitUnder = r.Reserved + ask
+		r.NotAllocated = r.CachedFree
+	}
 
 	type poolKey struct {
 		pool   gpu.Pool
@@ -163,7 +174,7 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 		r.Kind = "fragmentation"
 		r.Verdict = fmt.Sprintf("Fragmentation: %s cached free, largest hole %s, %s needed",
 			gpu.FormatBytes(r.CachedFree), gpu.FormatBytes(r.LargestFree), gpu.FormatBytes(need))
-		if r.DeviceFree > 0 {
+		if r.DeviceFree > 0 && r.LimitUnder == 0 {
 			r.Verdict += fmt.Sprintf(" (and %s free on the device)", gpu.FormatBytes(r.DeviceFree))
 		}
 		r.Verdict += fmt.Sprintf(". %d split segments could not be released.", len(r.Pinned))
@@ -171,6 +182,11 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 		r.Kind = "shortage"
 		r.Verdict = fmt.Sprintf("A real shortage: only %s not allocated, %s needed.",
 			gpu.FormatBytes(r.NotAllocated), gpu.FormatBytes(need))
+	}
+	if r.LimitUnder > 0 {
+		r.Verdict += fmt.Sprintf(" A per-process limit refused the new %s segment, not the device, which had %s free: "+
+			"the limit (set_per_process_memory_fraction, which the recording does not say) was under %s.",
+			gpu.FormatBytes(gpu.AllocationSize(oom.Size)), gpu.FormatBytes(r.DeviceFree), gpu.FormatBytes(r.LimitUnder))
 	}
 	return r
 }

@@ -137,7 +137,14 @@ func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, store.NewLayoutColumns(l, t, seq))
+	out := store.NewLayoutColumns(l, t, seq)
+	segs, err := s.opt.DB.SnapshotSegments(chi.URLParam(r, "id"))
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	out.MarkPools(segs)
+	writeJSON(w, http.StatusOK, out)
 }
 
 type eventJSON struct {

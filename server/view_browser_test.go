@@ -23,7 +23,14 @@ import (
 // importSnapshot stores a real snapshot and returns its traces.
 func importSnapshot(t *testing.T, db *store.DB, name string) []gpu.Trace {
 	t.Helper()
-	f, err := os.Open(testkit.Snapshot(t, name))
+	return importSnapshotOf(t, db, "pytorch", name)
+}
+
+// importSnapshotOf stores a real snapshot of shared/testdata/set and
+// returns its traces.
+func importSnapshotOf(t *testing.T, db *store.DB, set, name string) []gpu.Trace {
+	t.Helper()
+	f, err := os.Open(testkit.SnapshotOf(t, set, name))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -58,7 +58,8 @@ function showReport(d) {
     ["Allocated", fmtBytes(r.allocated_bytes)],
     ["Reserved but unallocated", fmtBytes(r.cached_free_bytes)],
     ["Largest free block", fmtBytes(r.largest_free_bytes)],
-    ["Not allocated in all", fmtBytes(r.not_allocated_bytes) + " (device free + reserved but unallocated)"],
+    ...(r.limit_under_bytes ? [["Per-process limit", "under " + fmtBytes(r.limit_under_bytes) + " (it refused the segment while the device had the memory; the recording does not say it)"]] : []),
+    ["Not allocated in all", fmtBytes(r.not_allocated_bytes) + (r.limit_under_bytes ? " (reserved but unallocated: the limit leaves no more)" : " (device free + reserved but unallocated)")],
     ["Fragmentation", (100 * r.fragmentation).toFixed(1) + " % (1 − largest free / cached free)"],
   ]));
   document.getElementById("pools").replaceChildren(table("pools-table",

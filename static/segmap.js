@@ -3,7 +3,10 @@
 // scale for all rows so their sizes compare; the wheel zooms into an
 // offset range. Blocks are coloured by state, the largest free block is
 // marked, and the selected allocation is outlined as on the timeline, as
-// are the highlighted ones (a frame picked in the flame graph).
+// are the highlighted ones (a frame picked in the flame graph). The
+// segments of private pools (CUDA graphs, MemPools) come after the default
+// pools', each pool under a heading of its own, as their blocks serve only
+// that pool's requests.
 import { api, LatestFetch, fitCanvas, fmtAddr, fmtBytesShort, niceTicks } from "./common.js";
 
 const LABEL = 170, ROW = 18, GAP = 4, TOP = 20, RIGHT = 8;
@@ -23,8 +26,28 @@ export class SegMap {
   resize() {
     const box = this.canvas.parentElement.getBoundingClientRect();
     this.cssW = Math.max(200, Math.floor(box.width));
-    const rows = this.data ? this.data.segment_count : 0;
+    const rows = this.rows ? this.rows.length : 0;
     this.cssH = Math.max(120, Math.min(6000, TOP + rows * (ROW + GAP) + GAP));
+  }
+
+  /**
+   * The rows, top to bottom: {seg: offset in d.segments} for a segment,
+   * {pool: "owner, id"} for a private pool's heading. The default pools'
+   * segments first, in address order, then each private pool's.
+   */
+  layoutRows(d) {
+    const poolOf = new Map((d.pools || []).map(([addr, owner, id]) => [addr, `${owner}, ${id}`]));
+    const rows = [], apart = new Map();
+    for (let i = 0; i < d.segments.length; i += SEG) {
+      const p = poolOf.get(d.segments[i]);
+      if (p === undefined) rows.push({ seg: i });
+      else {
+        if (!apart.has(p)) apart.set(p, []);
+        apart.get(p).push({ seg: i });
+      }
+    }
+    for (const p of [...apart.keys()].sort()) rows.push({ pool: p }, ...apart.get(p));
+    return rows;
   }
 
   get plotW() { return Math.max(10, this.cssW - LABEL - RIGHT); }
@@ -57,6 +80,7 @@ export class SegMap {
     const d = await this.fetcher.run((signal) => api(`/api/traces/${v.id}/layout?${at}`, { signal }));
     if (!d) return false;
     this.data = d;
+    this.rows = this.layoutRows(d);
     return true;
   }
 
@@ -95,10 +119,19 @@ export class SegMap {
     const pinned = this.view.pinned; // addresses of split segments whose live blocks are marked
     let selRect = null, largestRect = null, hoverRect = null;
     const hlRects = [];
-    for (let r = 0, i = 0; i < segs.length; i += SEG, r++) {
+    for (let r = 0; r < this.rows.length; r++) {
+      const y = TOP + GAP + r * (ROW + GAP);
+      if (this.rows[r].pool !== undefined) {
+        ctx.fillStyle = pal.fg;
+        ctx.textAlign = "left";
+        ctx.fillText(`Private pool (${this.rows[r].pool}): a CUDA graph's or MemPool's, serving only its own requests`, 4, y + ROW / 2);
+        ctx.fillStyle = pal.dim;
+        ctx.fillRect(0, y - GAP / 2, this.cssW, 1);
+        continue;
+      }
+      const i = this.rows[r].seg;
       const addr = segs[i], size = segs[i + 1], first = segs[i + 5], count = segs[i + 6];
       const pins = pinned?.has(addr);
-      const y = TOP + GAP + r * (ROW + GAP);
       ctx.fillStyle = pal.fg;
       ctx.textAlign = "left";
       ctx.fillText(fmtAddr(addr), 4, y + ROW / 2);
@@ -164,8 +197,9 @@ export class SegMap {
   /** Canvas coordinates of the middle of block index b (for tests and keyboard use). */
   blockCenter(b) {
     const d = this.data, segs = d.segments, blks = d.blocks;
-    for (let r = 0, i = 0; i < segs.length; i += SEG, r++) {
-      if (b >= segs[i + 5] && b < segs[i + 5] + segs[i + 6]) {
+    for (let r = 0; r < this.rows.length; r++) {
+      const i = this.rows[r].seg;
+      if (i !== undefined && b >= segs[i + 5] && b < segs[i + 5] + segs[i + 6]) {
         const off = blks[b * BLK] - segs[i] + blks[b * BLK + 1] / 2;
         return { x: this.xOf(off), y: TOP + GAP + r * (ROW + GAP) + ROW / 2 };
       }
@@ -179,8 +213,8 @@ export class SegMap {
     if (!d || x < LABEL) return null;
     const r = Math.floor((y - TOP - GAP / 2) / (ROW + GAP));
     const segs = d.segments, blks = d.blocks;
-    if (r < 0 || r * SEG >= segs.length) return null;
-    const i = r * SEG;
+    if (r < 0 || r >= this.rows.length || this.rows[r].seg === undefined) return null;
+    const i = this.rows[r].seg;
     const addr = segs[i], first = segs[i + 5], count = segs[i + 6];
     const off = this.offOf(x);
     const slack = (this.offOf(x + 1) - off) / 2; // half a pixel: thin blocks stay hoverable

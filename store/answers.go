@@ -50,6 +50,34 @@ type LayoutColumns struct {
 	Blocks       []int64     `json:"blocks"`
 	SegmentCount int         `json:"segment_count"`
 	BlockCount   int         `json:"block_count"`
+	// Pools are the segments of private pools (a CUDA graph's, a
+	// MemPool's): address, pool owner and id, for the map to show apart.
+	Pools [][3]int64 `json:"pools,omitempty"`
+}
+
+// MarkPools names the private pool of each segment of c that a snapshot
+// put in one: the segment the snapshot dumped at its address, if it is
+// the same size (a private pool's segments are never resized or split).
+func (c *LayoutColumns) MarkPools(segs []gpu.SnapshotSegment) {
+	if len(segs) == 0 {
+		return
+	}
+	type seg struct {
+		size uint64
+		pool [2]int64
+	}
+	private := map[uint64]seg{}
+	for _, s := range segs {
+		if s.PoolID != ([2]int64{}) {
+			private[s.Segment.Addr] = seg{s.Segment.Size, s.PoolID}
+		}
+	}
+	for i := 0; i < len(c.Segments); i += SegmentColumns {
+		addr, size := uint64(c.Segments[i]), uint64(c.Segments[i+1])
+		if p, ok := private[addr]; ok && p.size == size {
+			c.Pools = append(c.Pools, [3]int64{int64(addr), p.pool[0], p.pool[1]})
+		}
+	}
 }
 
 // SegmentColumns and BlockColumns are how many numbers a segment and a
