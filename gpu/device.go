@@ -30,12 +30,15 @@ type Device interface {
 	Reserve(size uint64) (uint64, error)
 	// Unreserve gives a reservation back (cuMemAddressFree).
 	Unreserve(addr, size uint64) error
-	// Map backs [addr, addr+size) with new physical memory (cuMemCreate,
-	// cuMemMap, cuMemSetAccess). size is a multiple of the page size used by
-	// the caller; ErrOutOfMemory when the physical memory is not there.
-	Map(addr, size uint64) error
-	// Unmap releases the physical memory behind [addr, addr+size)
-	// (cuMemUnmap, cuMemRelease).
+	// Map backs [addr, addr+size) with new physical memory, one allocation
+	// of page bytes per page (cuMemCreate and cuMemMap each, then one
+	// cuMemSetAccess over the range), as PyTorch backs an expandable
+	// segment's pages. size is a multiple of page, page of the device's
+	// granularity. ErrOutOfMemory when the physical memory is not there; on
+	// any failure nothing of the range stays mapped.
+	Map(addr, size, page uint64) error
+	// Unmap releases the physical memory behind [addr, addr+size), whole
+	// pages mapped by Map (cuMemUnmap and cuMemRelease each).
 	Unmap(addr, size uint64) error
 
 	// RecordFence marks the current end of stream's work.

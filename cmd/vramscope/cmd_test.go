@@ -96,6 +96,10 @@ func TestTraceRecordsIntoTheStore(t *testing.T) {
 		!strings.Contains(out, "incident 1: http://127.0.0.1:8080/p/") {
 		t.Errorf("output:\n%s", out)
 	}
+	// The simulated device has no driver calls to time.
+	if !regexp.MustCompile(`(?m)^ran for \S+$`).MatchString(out) || strings.Contains(out, "driver calls") {
+		t.Errorf("no run time, or driver calls on the simulated device:\n%s", out)
+	}
 	// The workload's note counts as PyTorch's message does.
 	note := regexp.MustCompile(`frag: (\S+ \S+) cached free in split segments and (\S+ \S+) on the device`).FindStringSubmatch(out)
 	free := regexp.MustCompile(`of which (\S+ \S+) is free`).FindStringSubmatch(out)

@@ -49,6 +49,10 @@ type recorded struct {
 	OOMs  []*caching.OutOfMemoryError
 	Notes []string
 	Err   error // the run's own error, other than an OOM
+	// Took is how long the workload ran; Driver, on a real GPU, the
+	// driver calls made meanwhile, the longest first.
+	Took   time.Duration
+	Driver []cuda.Call
 }
 
 // counter is a sink that forwards to the store and keeps running figures
@@ -282,7 +286,16 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 			}
 		}()
 	}
+	gpuDev, _ := dev.(*cuda.Device)
+	if gpuDev != nil {
+		gpuDev.ResetCalls()
+	}
+	start := time.Now()
 	runErr := tracer.Run(ctx, workload, env)
+	out.Took = time.Since(start)
+	if gpuDev != nil {
+		out.Driver = gpuDev.Calls()
+	}
 	close(done)
 	var oom *caching.OutOfMemoryError
 	status := gpu.StatusComplete

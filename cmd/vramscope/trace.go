@@ -12,9 +12,11 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
+	"vramscope/gpu/cuda"
 	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
@@ -183,6 +185,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	t := res.Trace
 	fmt.Fprintf(stdout, "trace %s: %d events, peak reserved %s, peak allocated %s\n", t.ID, t.Events,
 		gpu.FormatBytes(t.PeakReserved), gpu.FormatBytes(t.PeakAllocated))
+	printTook(stdout, res.Took, res.Driver)
 	for _, n := range res.Notes {
 		fmt.Fprintln(stdout, n)
 	}
@@ -202,6 +205,34 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		fmt.Fprintf(stdout, "incident %d: %s/p/%s\n", in.N, *addr, token)
 	}
 	return res.Err
+}
+
+// printTook says how long a workload ran and, on a real GPU, how much of
+// that the driver calls took, per function, so a slow driver path shows.
+func printTook(w io.Writer, took time.Duration, driver []cuda.Call) {
+	if len(driver) == 0 {
+		fmt.Fprintf(w, "ran for %s\n", short(took))
+		return
+	}
+	var sum time.Duration
+	n := 0
+	for _, c := range driver {
+		sum += c.Time
+		n += c.Count
+	}
+	fmt.Fprintf(w, "ran for %s, %s of it in %d driver calls:\n", short(took), short(sum), n)
+	for _, c := range driver {
+		fmt.Fprintf(w, "  %-30s %8d× %10s\n", c.Name, c.Count, short(c.Time))
+	}
+}
+
+// short rounds d to three significant digits: 13.4s, 640ms, 35.2µs.
+func short(d time.Duration) time.Duration {
+	unit := time.Duration(1)
+	for d >= 1000*unit {
+		unit *= 10
+	}
+	return d.Round(unit)
 }
 
 // recordRun records every rank of job as one run, ranks in parallel on

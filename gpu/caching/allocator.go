@@ -46,8 +46,7 @@ type region struct {
 	pool       *blockPool
 	first      *Block
 	expandable bool
-	pageSize   uint64
-	pages      []bool // mapped pages of an expandable region
+	pageSize   uint64 // an expandable region's page: what one physical allocation backs
 }
 
 type blockPool struct {

@@ -48,7 +48,7 @@ func (a *Allocator) findExpandableBlock(pool *blockPool, stream int64, size uint
 		return nil, err
 	}
 	r := &region{base: base, size: pages * page, stream: stream, pool: pool, expandable: true,
-		pageSize: page, pages: make([]bool, pages)}
+		pageSize: page}
 	a.regions[base] = r
 	b := a.newBlock(stream, r.size, pool, base, r)
 	b.mapped = false
@@ -58,27 +58,20 @@ func (a *Allocator) findExpandableBlock(pool *blockPool, stream int64, size uint
 }
 
 // mapRange is ExpandableSegment::map: back the pages covering
-// [addr, addr+size) with memory. It returns the mapped range; size 0 when
-// the device is out of memory (any pages mapped by this call are undone).
+// [addr, addr+size) with memory, one physical allocation per page and one
+// device call for the range, as PyTorch does. It returns the mapped range;
+// size 0 when the device is out of memory (the device then maps nothing).
 func (a *Allocator) mapRange(r *region, addr, size uint64) (uint64, uint64, error) {
 	begin := (addr - r.base) / r.pageSize
 	end := (addr + size - r.base + r.pageSize - 1) / r.pageSize
-	for i := begin; i < end; i++ {
-		if err := a.dev.Map(r.base+i*r.pageSize, r.pageSize); err != nil {
-			for j := begin; j < i; j++ {
-				if uerr := a.dev.Unmap(r.base+j*r.pageSize, r.pageSize); uerr != nil {
-					return 0, 0, uerr
-				}
-				r.pages[j] = false
-			}
-			if errors.Is(err, gpu.ErrOutOfMemory) {
-				return r.base + begin*r.pageSize, 0, nil
-			}
-			return 0, 0, err
+	start := r.base + begin*r.pageSize
+	if err := a.dev.Map(start, (end-begin)*r.pageSize, r.pageSize); err != nil {
+		if errors.Is(err, gpu.ErrOutOfMemory) {
+			return start, 0, nil
 		}
-		r.pages[i] = true
+		return 0, 0, err
 	}
-	return r.base + begin*r.pageSize, (end - begin) * r.pageSize, nil
+	return start, (end - begin) * r.pageSize, nil
 }
 
 // unmapRange is ExpandableSegment::unmap: release the whole pages strictly
@@ -92,13 +85,11 @@ func (a *Allocator) unmapRange(r *region, addr, size uint64) (uint64, uint64, er
 	if err := a.dev.Synchronize(); err != nil {
 		return 0, 0, err
 	}
-	for i := begin; i < end; i++ {
-		if err := a.dev.Unmap(r.base+i*r.pageSize, r.pageSize); err != nil {
-			return 0, 0, err
-		}
-		r.pages[i] = false
+	start := r.base + begin*r.pageSize
+	if err := a.dev.Unmap(start, (end-begin)*r.pageSize); err != nil {
+		return 0, 0, err
 	}
-	return r.base + begin*r.pageSize, (end - begin) * r.pageSize, nil
+	return start, (end - begin) * r.pageSize, nil
 }
 
 // mapBlock is map_block: map the front size bytes of the unmapped block b and

@@ -10,14 +10,17 @@ package cuda
 // libcuda.so.1 built from testdata/fakecuda.c.
 
 import (
+	"encoding/binary"
 	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 )
 
 const mib = 1 << 20
@@ -179,10 +182,10 @@ func TestGPUVMM(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := memFree(t, d)
-	if err := d.Map(r, 2*mib); err != nil {
+	if err := d.Map(r, 2*mib, 2*mib); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r+2*mib, 4*mib); err != nil {
+	if err := d.Map(r+2*mib, 4*mib, 2*mib); err != nil {
 		t.Fatal(err)
 	}
 	if during := memFree(t, d); before-during < 6*mib {
@@ -191,11 +194,14 @@ func TestGPUVMM(t *testing.T) {
 	if err := d.Touch(r, 6*mib); err != nil {
 		t.Errorf("Touch of the mapped pages: %v", err)
 	}
-	if err := d.Map(r+4*mib, 2*mib); err == nil {
+	if err := d.Map(r+4*mib, 2*mib, 2*mib); err == nil {
 		t.Error("Map of a mapped page: no error")
 	}
-	if err := d.Map(r+page/2, page); err == nil {
+	if err := d.Map(r+page/2, page, page); err == nil {
 		t.Error("Map of an unaligned range: no error")
+	}
+	if err := d.Map(r+8*mib, 6*mib, 4*mib); err == nil {
+		t.Error("Map of a range not a whole number of pages: no error")
 	}
 	if err := d.Unreserve(r, size); err == nil {
 		t.Error("Unreserve with pages mapped: no error")
@@ -208,6 +214,27 @@ func TestGPUVMM(t *testing.T) {
 		t.Error("Unmap of an unmapped page: no error")
 	}
 	if err := d.Unmap(r+4*mib, 2*mib); err != nil {
+		t.Fatal(err)
+	}
+	// Pages larger than the granularity unmap whole, in any grouping.
+	if err := d.Map(r+4*mib, 12*mib, 4*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Touch(r+4*mib, 12*mib); err != nil {
+		t.Errorf("Touch of the 4 MiB pages: %v", err)
+	}
+	for _, c := range [][2]uint64{{r + 4*mib, 2 * mib}, {r + 6*mib, 4 * mib}, {r + 4*mib, 6 * mib}} {
+		if err := d.Unmap(c[0], c[1]); err == nil {
+			t.Errorf("Unmap [%#x, +%d) cutting a 4 MiB page: no error", c[0], c[1])
+		}
+	}
+	if err := d.Unmap(r+8*mib, 4*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unmap(r+4*mib, 4*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unmap(r+12*mib, 4*mib); err != nil {
 		t.Fatal(err)
 	}
 	if after := memFree(t, d); after+2*mib < before {
@@ -224,13 +251,14 @@ func TestGPUMapOutOfMemory(t *testing.T) {
 	}
 	d := openGPU(t)
 	free := memFree(t, d)
-	size := (free/d.page + 32) * d.page
+	page := 10 * d.page
+	size := (free/page + 2) * page
 	r, err := d.Reserve(size)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Unreserve(r, size)
-	if err := d.Map(r, size); !errors.Is(err, gpu.ErrOutOfMemory) {
+	if err := d.Map(r, size, page); !errors.Is(err, gpu.ErrOutOfMemory) {
 		t.Fatalf("Map of more than the free memory = %v, want ErrOutOfMemory", err)
 	}
 	if len(d.handles) != 0 {
@@ -239,7 +267,7 @@ func TestGPUMapOutOfMemory(t *testing.T) {
 	if after := memFree(t, d); after+64*mib < free {
 		t.Errorf("free is %d after a failed Map, was %d", after, free)
 	}
-	if err := d.Map(r, 2*mib); err != nil {
+	if err := d.Map(r, 2*mib, 2*mib); err != nil {
 		t.Errorf("Map after a failed Map: %v", err)
 	}
 	if err := d.Unmap(r, 2*mib); err != nil {
@@ -270,7 +298,7 @@ func TestGPUFencesAndClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d2.Map(r, 4*mib); err != nil {
+	if err := d2.Map(r, 4*mib, 2*mib); err != nil {
 		t.Fatal(err)
 	}
 	if err := d2.Close(); err != nil {
@@ -282,6 +310,106 @@ func TestGPUFencesAndClose(t *testing.T) {
 	// d still holds the primary context: the reservation can go through it.
 	if err := d.Unreserve(r, 4*mib); err != nil {
 		t.Error(err)
+	}
+}
+
+// fakeCountsEnv names the file where the fake driver counts its VMM calls.
+const fakeCountsEnv = "FAKECUDA_COUNTS"
+
+// vmmCalls are the driver calls of expandable segments, in the order of the
+// fake driver's counters.
+var vmmCalls = [...]string{"cuMemCreate", "cuMemMap", "cuMemSetAccess", "cuMemUnmap", "cuMemRelease"}
+
+// vmmCounts returns how many of each of vmmCalls d has made, and, against
+// the fake driver, how many the driver counted.
+func vmmCounts(t *testing.T, d *Device) (ours, driver [len(vmmCalls)]uint64) {
+	t.Helper()
+	for _, c := range d.Calls() {
+		if i := slices.Index(vmmCalls[:], c.Name); i >= 0 {
+			ours[i] = uint64(c.Count)
+		}
+	}
+	path := os.Getenv(fakeCountsEnv)
+	if path == "" {
+		return ours, ours
+	}
+	b, err := os.ReadFile(path)
+	if err != nil || len(b) != 8*len(driver) {
+		t.Fatalf("the fake driver's counts: %d bytes, %v", len(b), err)
+	}
+	for i := range driver {
+		driver[i] = binary.NativeEndian.Uint64(b[8*i:])
+	}
+	return ours, driver
+}
+
+// TestGPUExpandablePages maps 1 GiB through the caching allocator's
+// expandable segments in each pool and counts the driver calls: as
+// PyTorch, one physical allocation per allocator page (20 MiB in the large
+// pool, 2 MiB in the small one) and one cuMemSetAccess per mapped range;
+// empty_cache gives back each page it mapped.
+func TestGPUExpandablePages(t *testing.T) {
+	d := openGPU(t)
+	cfg, err := caching.ParseConfig("expandable_segments:True")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := caching.New(d, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// step runs f and checks the calls it made, by us and the driver.
+	step := func(name string, want [len(vmmCalls)]uint64, f func() error) {
+		t.Helper()
+		ours0, driver0 := vmmCounts(t, d)
+		if err := f(); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		ours1, driver1 := vmmCounts(t, d)
+		var ours, driver [len(vmmCalls)]uint64
+		for i := range want {
+			ours[i], driver[i] = ours1[i]-ours0[i], driver1[i]-driver0[i]
+		}
+		t.Logf("%s: %v %v", name, vmmCalls, driver)
+		if ours != want || driver != want {
+			t.Errorf("%s: counted %v, the driver %v; want %v", name, ours, driver, want)
+		}
+	}
+	var big uint64
+	step("1 GiB in the large pool", [...]uint64{52, 52, 1, 0, 0}, func() (err error) {
+		big, err = a.Malloc(1<<30, 0, 0) // 52 pages of 20 MiB
+		return err
+	})
+	if err := d.Touch(big, 1<<30); err != nil {
+		t.Errorf("Touch of the 1 GiB: %v", err)
+	}
+	step("its empty_cache", [...]uint64{0, 0, 0, 52, 52}, func() error {
+		if err := a.Free(big); err != nil {
+			return err
+		}
+		return a.EmptyCache()
+	})
+	var small []uint64
+	step("1 GiB in the small pool", [...]uint64{512, 512, 512, 0, 0}, func() error {
+		for range 1024 { // two 1 MiB blocks a 2 MiB page, each page mapped on its own
+			p, err := a.Malloc(1<<20, 0, 0)
+			if err != nil {
+				return err
+			}
+			small = append(small, p)
+		}
+		return nil
+	})
+	step("its empty_cache", [...]uint64{0, 0, 0, 512, 512}, func() error {
+		for _, p := range small {
+			if err := a.Free(p); err != nil {
+				return err
+			}
+		}
+		return a.EmptyCache()
+	})
+	if r := a.Reserved(); r != 0 {
+		t.Errorf("%d bytes reserved after empty_cache", r)
 	}
 }
 
@@ -307,12 +435,12 @@ func TestFakeDriver(t *testing.T) {
 		t.Fatalf("building the fake driver: %v\n%s", err, out)
 	}
 	cmd := exec.Command(os.Args[0], "-test.v", "-test.run", "^TestGPU")
-	cmd.Env = append(os.Environ(), LibraryEnv+"="+lib)
+	cmd.Env = append(os.Environ(), LibraryEnv+"="+lib, fakeCountsEnv+"="+filepath.Join(t.TempDir(), "counts"))
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("GPU tests against the fake driver: %v\n%s", err, out)
 	}
-	for _, name := range []string{"Devices", "MallocFree", "OutOfMemory", "VMM", "MapOutOfMemory", "FencesAndClose"} {
+	for _, name := range []string{"Devices", "MallocFree", "OutOfMemory", "VMM", "MapOutOfMemory", "FencesAndClose", "ExpandablePages"} {
 		if !strings.Contains(string(out), "--- PASS: TestGPU"+name+" ") {
 			t.Errorf("TestGPU%s did not pass against the fake driver:\n%s", name, out)
 		}

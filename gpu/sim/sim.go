@@ -46,10 +46,10 @@ type Device struct {
 	ordinal  int
 	name     string
 
-	mallocs  []span              // sorted by addr
-	reserves []span              // sorted by addr
-	mapped   map[uint64]struct{} // mapped page addresses
-	used     uint64              // bytes malloc'd + bytes mapped
+	mallocs  []span            // sorted by addr
+	reserves []span            // sorted by addr
+	mapped   map[uint64]uint64 // mapped Granularity-page address -> where its Map page begins
+	used     uint64            // bytes malloc'd + bytes mapped
 
 	failMalloc map[int]bool // 1-based Malloc call numbers that fail
 	failMap    map[int]bool // 1-based Map call numbers that fail
@@ -146,7 +146,7 @@ func New(capacity uint64, opts ...Option) *Device {
 	d := &Device{
 		capacity:   capacity,
 		name:       "simulated",
-		mapped:     map[uint64]struct{}{},
+		mapped:     map[uint64]uint64{},
 		failMalloc: map[int]bool{},
 		failMap:    map[int]bool{},
 		holds:      map[int64]uint64{},
@@ -417,14 +417,18 @@ func (d *Device) checkPages(op string, addr, size uint64) error {
 	return nil
 }
 
-// Map backs the pages of [addr, addr+size) with memory, charging size
-// bytes. The range must be page-aligned, inside a reservation and unmapped.
-func (d *Device) Map(addr, size uint64) error {
+// Map backs [addr, addr+size) with memory in allocations of page bytes,
+// charging size bytes. The range must be page-aligned, inside a
+// reservation and unmapped; page a multiple of Granularity dividing size.
+func (d *Device) Map(addr, size, page uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.mapCall++
 	if err := d.checkPages("map", addr, size); err != nil {
 		return err
+	}
+	if page == 0 || page%Granularity != 0 || size%page != 0 {
+		return fmt.Errorf("sim: map [%#x, +%d): not a whole number of %d-byte pages", addr, size, page)
 	}
 	for p := addr; p < addr+size; p += Granularity {
 		if _, m := d.mapped[p]; m {
@@ -435,14 +439,16 @@ func (d *Device) Map(addr, size uint64) error {
 		return fmt.Errorf("sim: map of %d bytes: %w", size, gpu.ErrOutOfMemory)
 	}
 	for p := addr; p < addr+size; p += Granularity {
-		d.mapped[p] = struct{}{}
+		d.mapped[p] = p - (p-addr)%page
 	}
 	d.used += size
 	d.counts.Maps++
 	return nil
 }
 
-// Unmap releases the pages of [addr, addr+size), which must all be mapped.
+// Unmap releases the pages of [addr, addr+size), which must all be mapped
+// and be whole pages of Map calls: as the driver, it unmaps only whole
+// physical allocations.
 func (d *Device) Unmap(addr, size uint64) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -453,6 +459,10 @@ func (d *Device) Unmap(addr, size uint64) error {
 		if _, m := d.mapped[p]; !m {
 			return fmt.Errorf("sim: unmap [%#x, +%d): page %#x is not mapped", addr, size, p)
 		}
+	}
+	end := addr + size
+	if start, m := d.mapped[end]; d.mapped[addr] != addr || (m && start != end) {
+		return fmt.Errorf("sim: unmap [%#x, +%d): cuts a mapped page in two", addr, size)
 	}
 	for p := addr; p < addr+size; p += Granularity {
 		delete(d.mapped, p)

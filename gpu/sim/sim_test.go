@@ -3,6 +3,7 @@ package sim
 import (
 	"errors"
 	"math/rand/v2"
+	"strings"
 	"testing"
 
 	"vramscope/gpu"
@@ -121,16 +122,16 @@ func TestCapacityNeverExceeded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+	if err := d.Map(r, 2*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
 		t.Fatalf("Map on a full device = %v, want ErrOutOfMemory", err)
 	}
 	if err := d.Free(addrs[1]); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r, 20*mib); err != nil {
+	if err := d.Map(r, 20*mib, 20*mib); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r+20*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+	if err := d.Map(r+20*mib, 2*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
 		t.Fatalf("Map past capacity = %v, want ErrOutOfMemory", err)
 	}
 	if _, err := d.Malloc(mib); !errors.Is(err, gpu.ErrOutOfMemory) {
@@ -187,10 +188,10 @@ func TestMapUnmap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r, 20*mib); err != nil {
+	if err := d.Map(r, 20*mib, 2*mib); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r+20*mib, 4*mib); err != nil {
+	if err := d.Map(r+20*mib, 4*mib, 2*mib); err != nil {
 		t.Fatal(err)
 	}
 	checkFree(t, d, 76*mib)
@@ -202,18 +203,21 @@ func TestMapUnmap(t *testing.T) {
 	}
 
 	bad := []struct {
-		name       string
-		addr, size uint64
+		name             string
+		addr, size, page uint64
 	}{
-		{"unaligned address", r + mib, 2 * mib},
-		{"unaligned size", r + 30*mib, mib},
-		{"zero size", r + 30*mib, 0},
-		{"past the reservation", r + 38*mib, 4 * mib},
-		{"outside any reservation", MallocBase, 2 * mib},
-		{"already mapped", r + 18*mib, 4 * mib},
+		{"unaligned address", r + mib, 2 * mib, 2 * mib},
+		{"unaligned size", r + 30*mib, mib, mib},
+		{"zero size", r + 30*mib, 0, 2 * mib},
+		{"zero page", r + 30*mib, 2 * mib, 0},
+		{"size not whole pages", r + 30*mib, 6 * mib, 4 * mib},
+		{"unaligned page", r + 30*mib, 6 * mib, 3 * mib},
+		{"past the reservation", r + 38*mib, 4 * mib, 2 * mib},
+		{"outside any reservation", MallocBase, 2 * mib, 2 * mib},
+		{"already mapped", r + 18*mib, 4 * mib, 2 * mib},
 	}
 	for _, c := range bad {
-		if err := d.Map(c.addr, c.size); err == nil || errors.Is(err, gpu.ErrOutOfMemory) {
+		if err := d.Map(c.addr, c.size, c.page); err == nil || errors.Is(err, gpu.ErrOutOfMemory) {
 			t.Errorf("Map %s = %v, want a non-OOM error", c.name, err)
 		}
 	}
@@ -242,10 +246,47 @@ func TestMapUnmap(t *testing.T) {
 	if err := d.Unreserve(r, 40*mib); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r, 2*mib); err == nil {
+	if err := d.Map(r, 2*mib, 2*mib); err == nil {
 		t.Error("Map after Unreserve: no error")
 	}
 	if c := d.Counts(); c.Maps != 2 || c.Unmaps != 2 || c.Reserves != 1 || c.Unreserves != 1 {
+		t.Fatalf("counts %+v", c)
+	}
+}
+
+// A Map's pages are its physical allocations: Unmap releases whole ones,
+// in any grouping, and refuses to cut one, as the driver does.
+func TestMapPages(t *testing.T) {
+	d := New(100 * mib)
+	r, err := d.Reserve(80 * mib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Map(r, 60*mib, 20*mib); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, d, 40*mib)
+	for _, c := range []struct{ addr, size uint64 }{{r, 2 * mib}, {r + 42*mib, 18 * mib}, {r + 10*mib, 20 * mib}, {r, 40*mib - 2*mib}} {
+		if err := d.Unmap(c.addr, c.size); err == nil || !strings.Contains(err.Error(), "cuts a mapped page") {
+			t.Errorf("Unmap [%#x, +%d) = %v, want a page cut", c.addr, c.size, err)
+		}
+	}
+	checkFree(t, d, 40*mib)
+	if err := d.Unmap(r+20*mib, 20*mib); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unmap(r+20*mib, 20*mib); err == nil {
+		t.Error("Unmap of an unmapped page: no error")
+	}
+	if err := d.Map(r+20*mib, 20*mib, 2*mib); err != nil {
+		t.Fatal(err)
+	}
+	// Pages of separate calls, and of different sizes, unmap together.
+	if err := d.Unmap(r, 60*mib); err != nil {
+		t.Fatal(err)
+	}
+	checkFree(t, d, 100*mib)
+	if c := d.Counts(); c.Maps != 2 || c.Unmaps != 2 {
 		t.Fatalf("counts %+v", c)
 	}
 }
@@ -288,13 +329,13 @@ func TestFaultInjection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := d.Map(r, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+	if err := d.Map(r, 2*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
 		t.Errorf("first Map = %v, want ErrOutOfMemory", err)
 	}
-	if err := d.Map(r, 2*mib); err != nil {
+	if err := d.Map(r, 2*mib, 2*mib); err != nil {
 		t.Errorf("second Map = %v", err)
 	}
-	if err := d.Map(r+2*mib, 32*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
+	if err := d.Map(r+2*mib, 32*mib, 2*mib); !errors.Is(err, gpu.ErrOutOfMemory) {
 		t.Errorf("Map above the limit = %v", err)
 	}
 	c := d.Counts()
@@ -433,7 +474,7 @@ func TestRecordedReserves(t *testing.T) {
 	if err != nil || b != base+1200*mib {
 		t.Fatalf("Reserve = %#x, %v", b, err)
 	}
-	if err := d.Map(a, 20*mib); err != nil {
+	if err := d.Map(a, 20*mib, 20*mib); err != nil {
 		t.Fatal(err)
 	}
 	checkFree(t, d, 1<<30-20*mib)

@@ -1,9 +1,15 @@
-// A fake libcuda.so.1 for testing the binding without a GPU: one 1 GiB
+// A fake libcuda.so.1 for testing the binding without a GPU: one 2 GiB
 // device whose calls check their arguments the way the real driver would
 // (current context per thread, struct contents, page alignment) and keep
-// honest accounts of the memory in use.
+// honest accounts of the memory in use. When FAKECUDA_COUNTS names a file,
+// the driver counts its VMM calls there (failed calls too), so a test can
+// read how many calls an operation made while the driver runs.
+#include <fcntl.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef int CUresult;
 typedef unsigned long long u64;
@@ -21,7 +27,7 @@ typedef struct { Loc loc; int flags; } Access;
 
 enum { OK = 0, INVALID_VALUE = 1, OOM = 2, NOT_INITIALIZED = 3, INVALID_DEVICE = 101,
        INVALID_CONTEXT = 201, NOT_FOUND = 500 };
-#define CAP (1ULL << 30)
+#define CAP (2ULL << 30)
 #define PAGE (2ULL << 20)
 #define MAX 4096
 
@@ -35,6 +41,25 @@ static u64 next_alloc = 0x700000000000ULL;
 static struct { u64 addr, size; } reserves[MAX];
 static u64 next_reserve = 0x600000000000ULL;
 static struct { int live; u64 size, mapped_at; } handles[MAX];
+
+// The counted calls, in the order of their counters in FAKECUDA_COUNTS:
+// one native-endian 64-bit integer each.
+enum { N_CREATE, N_MAP, N_SET_ACCESS, N_UNMAP, N_RELEASE, N_COUNTS };
+static u64 no_file[N_COUNTS], *counts = no_file;
+
+// The counters live in a shared mapping of the file, so every increment is
+// in the file at once, without a write call.
+__attribute__((constructor)) static void map_counts(void) {
+	const char *path = getenv("FAKECUDA_COUNTS");
+	if (!path) return;
+	int fd = open(path, O_RDWR | O_CREAT, 0644);
+	if (fd < 0) return;
+	if (ftruncate(fd, sizeof no_file) == 0) {
+		void *p = mmap(NULL, sizeof no_file, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		if (p != MAP_FAILED) counts = p;
+	}
+	close(fd);
+}
 
 static CUresult need_ctx(void) {
 	if (!inited) return NOT_INITIALIZED;
@@ -155,6 +180,7 @@ CUresult cuMemAddressFree(u64 p, size_t n) {
 }
 
 CUresult cuMemCreate(u64 *h, size_t n, const Prop *p, unsigned long long flags) {
+	counts[N_CREATE]++;
 	CUresult r = need_ctx();
 	if (r) return r;
 	if (!prop_ok(p) || flags || n == 0 || n % PAGE) return INVALID_VALUE;
@@ -175,6 +201,7 @@ CUresult cuMemCreate(u64 *h, size_t n, const Prop *p, unsigned long long flags) 
 static int handle_index(u64 h) { return h >= 1 && h <= MAX && handles[h - 1].live ? (int)h - 1 : -1; }
 
 CUresult cuMemRelease(u64 h) {
+	counts[N_RELEASE]++;
 	CUresult r = need_ctx();
 	if (r) return r;
 	int i = handle_index(h);
@@ -191,6 +218,7 @@ static int reserved(u64 p, u64 n) {
 }
 
 CUresult cuMemMap(u64 p, size_t n, size_t offset, u64 h, unsigned long long flags) {
+	counts[N_MAP]++;
 	CUresult r = need_ctx();
 	if (r) return r;
 	int i = handle_index(h);
@@ -203,6 +231,7 @@ CUresult cuMemMap(u64 p, size_t n, size_t offset, u64 h, unsigned long long flag
 }
 
 CUresult cuMemUnmap(u64 p, size_t n) {
+	counts[N_UNMAP]++;
 	CUresult r = need_ctx();
 	if (r) return r;
 	for (int i = 0; i < MAX; i++) {
@@ -216,6 +245,7 @@ CUresult cuMemUnmap(u64 p, size_t n) {
 }
 
 CUresult cuMemSetAccess(u64 p, size_t n, const Access *d, size_t count) {
+	counts[N_SET_ACCESS]++;
 	CUresult r = need_ctx();
 	if (r) return r;
 	if (count != 1 || d->loc.type != 1 || d->loc.id != 0 || d->flags != 3) return INVALID_VALUE;
