@@ -288,3 +288,31 @@ func TestWhatIfSaysWhenItCannotReproduce(t *testing.T) {
 		t.Errorf("contradiction %q", table.Contradiction)
 	}
 }
+
+// TestWhatIfTrainingNeeds: the memory the 2.11 training run needs, as the
+// real allocator's bisection found it on an H200 (PROVENANCE.md and the
+// issue's figures): 6,717,177,856 B with the default settings,
+// 5,920,260,096 B with expandable segments, from either recording; the
+// expandable recording's table has a row of the defaults and no setting
+// twice.
+func TestWhatIfTrainingNeeds(t *testing.T) {
+	for _, name := range []string{"train_default.pickle", "train_expandable.pickle"} {
+		traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch-2.11", name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := replay.FromRecording(traces[0].Recording())
+		s.Use(0, replay.DefaultCapacity)
+		_, rows, err := WhatIfs(s, Variants[:1], 2)
+		if err != nil {
+			t.Fatal(err)
+		}
+		needs := map[string]uint64{}
+		for _, r := range rows {
+			needs[r.AllocConf] = r.CapacityNeeded
+		}
+		if len(rows) != 2 || needs[""] != 6717177856 || needs["expandable_segments:True"] != 5920260096 {
+			t.Errorf("%s: %v", name, needs)
+		}
+	}
+}
