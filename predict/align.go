@@ -17,8 +17,8 @@ const SameProgram = 0.9
 // from an empty device), each request's stack in the table every
 // recording shares.
 type prepared struct {
-	reqs   []replay.Request
-	stacks []gpu.StackID // shared stack ids, one per request
+	reqs    []replay.Request
+	stacks  []gpu.StackID // shared stack ids, one per request
 	mallocs int
 }
 

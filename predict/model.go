@@ -81,11 +81,11 @@ type Model struct {
 	// same).
 	Grows bool
 
-	base  replay.Stream
-	reqs  []replay.Request
-	coef  [][3]int64  // per request: the polynomial (fitted)
-	kind  []uint8     // per request
-	pts   [][]float64 // per unfitted request: its sizes, for a guess
+	base replay.Stream
+	reqs []replay.Request
+	coef [][3]int64  // per request: the polynomial (fitted)
+	kind []uint8     // per request
+	pts  [][]float64 // per unfitted request: its sizes, for a guess
 }
 
 // Unfit is a kind of request whose size does not follow the formula, or
