@@ -1,6 +1,7 @@
 package predict
 
 import (
+	"errors"
 	"fmt"
 
 	"vramscope/gpu"
@@ -11,6 +12,9 @@ import (
 // up with the other's, in the same order, for them to count as the same
 // program.
 const SameProgram = 0.9
+
+// ErrNotSameProgram refuses recordings whose requests do not pair up.
+var ErrNotSameProgram = errors.New("not recordings of the same program")
 
 // prepared is a recording's requests as alignment reads them: the live
 // blocks of its starting layout first, as mallocs (a prediction starts
@@ -185,12 +189,12 @@ func sameProgram(baseName string, base prepared, otherName string, other prepare
 	ofBase := float64(al.pairedMallocs) / float64(base.mallocs)
 	ofOther := float64(al.pairedMallocs) / float64(other.mallocs)
 	if ofBase < SameProgram || ofOther < SameProgram {
-		return fmt.Errorf("%s and %s are not recordings of the same program: only %d of %s's %d allocations (%.0f%%) and of %s's %d (%.0f%%) pair up by stack and occurrence (%.0f%% needed)",
-			baseName, otherName, al.pairedMallocs, baseName, base.mallocs, 100*ofBase, otherName, other.mallocs, 100*ofOther, 100*SameProgram)
+		return fmt.Errorf("%s and %s are %w: only %d of %s's %d allocations (%.0f%%) and of %s's %d (%.0f%%) pair up by stack and occurrence (%.0f%% needed)",
+			baseName, otherName, ErrNotSameProgram, al.pairedMallocs, baseName, base.mallocs, 100*ofBase, otherName, other.mallocs, 100*ofOther, 100*SameProgram)
 	}
 	if paired := countPaired(al.partner); al.outOfOrder > int((1-SameProgram)*float64(paired)) {
-		return fmt.Errorf("%s and %s are not recordings of the same program: their requests pair up by stack and occurrence, but %d of the %d pairs come in another order",
-			baseName, otherName, al.outOfOrder, paired)
+		return fmt.Errorf("%s and %s are %w: their requests pair up by stack and occurrence, but %d of the %d pairs come in another order",
+			baseName, otherName, ErrNotSameProgram, al.outOfOrder, paired)
 	}
 	return nil
 }
