@@ -325,3 +325,26 @@ func TestInterpolate(t *testing.T) {
 		t.Errorf("the guess through (2, 10) and (4, 15) at 8: %v, want 25", g)
 	}
 }
+
+func TestBatchInName(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		batch int
+		job   string
+		ok    bool
+	}{
+		{"gpt batch 8", 8, "gpt", true},
+		{"gpt-2 bs=16 (bf16)", 16, "gpt-2 (bf16)", true},
+		{"llama batch_size:4", 4, "llama", true},
+		{"BS32 run", 32, "run", true},
+		{"train", 0, "", false},
+		{"subs8", 0, "", false},
+		{"batchnorm 8", 0, "", false},
+		{"batch 0", 0, "", false},
+	} {
+		b, job, ok := BatchInName(c.name)
+		if b != c.batch || job != c.job || ok != c.ok {
+			t.Errorf("BatchInName(%q) = %d, %q, %v; want %d, %q, %v", c.name, b, job, ok, c.batch, c.job, c.ok)
+		}
+	}
+}
