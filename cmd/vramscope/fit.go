@@ -13,6 +13,7 @@ import (
 	"vramscope/incident"
 	"vramscope/predict"
 	"vramscope/replay"
+	"vramscope/web"
 )
 
 func init() {
@@ -143,7 +144,7 @@ func printFit(w io.Writer, r *predict.Result) error {
 		}
 		line := fmt.Sprintf("%s\t%s\t%s\t%s\t", at, gpu.FormatBytes(p.PeakAllocated), gpu.FormatBytes(p.PeakReserved), neededBytes(p.CapacityNeeded))
 		if whatifs {
-			line += leastWhatIf(p) + "\t"
+			line += web.LeastWhatIf(p) + "\t"
 		}
 		fmt.Fprintf(tw, "%s%s\t\n", line, gpu.FormatBytes(p.Guessed))
 	}
@@ -186,7 +187,7 @@ func printFit(w io.Writer, r *predict.Result) error {
 			for _, s := range u.Sizes {
 				sizes = append(sizes, gpu.FormatBytes(s))
 			}
-			fmt.Fprintf(w, "  %d× %s: %s (sizes %s) at %s\n", u.Count, gpu.FormatBytes(u.Bytes), u.Why, strings.Join(sizes, ", "), oneLine(where(u.Stack)))
+			fmt.Fprintf(w, "  %d× %s: %s (sizes %s) at %s\n", u.Count, gpu.FormatBytes(u.Bytes), u.Why, strings.Join(sizes, ", "), oneLine(web.StackWhere(u.Stack)))
 		}
 	}
 	return nil
@@ -200,22 +201,6 @@ func neededBytes(n uint64) string {
 	return gpu.FormatBytes(n)
 }
 
-// leastWhatIf is the what-if setting that needs the least, when less than
-// the recorded settings.
-func leastWhatIf(p predict.Prediction) string {
-	best := -1
-	for i, n := range p.WhatIf {
-		if n.Err == "" && n.CapacityNeeded > 0 && (p.CapacityNeeded == 0 || n.CapacityNeeded < p.CapacityNeeded) &&
-			(best < 0 || n.CapacityNeeded < p.WhatIf[best].CapacityNeeded) {
-			best = i
-		}
-	}
-	if best < 0 {
-		return "none needs less"
-	}
-	return gpu.FormatBytes(p.WhatIf[best].CapacityNeeded) + " with " + p.WhatIf[best].Variant
-}
-
 func largestText(n int) string {
 	switch n {
 	case predict.Unbounded:
@@ -224,26 +209,4 @@ func largestText(n int) string {
 		return "none (not even the smallest)"
 	}
 	return strconv.Itoa(n)
-}
-
-// where names a stack by its first frames.
-func where(s gpu.Stack) string {
-	if len(s) == 0 {
-		return "(no frames)"
-	}
-	var parts []string
-	for _, f := range s {
-		if len(parts) == 3 {
-			parts = append(parts, "…")
-			break
-		}
-		if f.Filename == "??" || strings.Contains(f.Name, "CUDACachingAllocator") {
-			continue // the allocator's own and unwound C++ frames say little
-		}
-		parts = append(parts, fmt.Sprintf("%s %s:%d", f.Name, f.Filename, f.Line))
-	}
-	if len(parts) == 0 {
-		return s[0].Name
-	}
-	return strings.Join(parts, " < ")
 }
