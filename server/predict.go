@@ -25,9 +25,13 @@ import (
 // sizes, from two traces of it. The compare page of two traces asks for
 // one; an incident page asks which batch would have fit.
 
-// predictWait is how long a page or the API waits for a prediction
-// before saying it is still running (the page reloads itself).
-const predictWait = 5 * time.Second
+// predictWait is how long the Predict page or the API waits for a
+// prediction before saying it is still running (the page reads itself
+// again); an incident page waits fitWait, as it has more to show.
+const (
+	predictWait = 3 * time.Second
+	fitWait     = time.Second
+)
 
 // predictKeep is how many predictions the server keeps.
 const predictKeep = 16
@@ -276,7 +280,7 @@ func (s *Server) batchFit(r *http.Request, t gpu.Trace) string {
 		return s.fitTraces([]string{pair[0].ID, pair[1].ID}, at[:], o)
 	})
 	from := fmt.Sprintf("Predicted from the traces %q and %q, recorded at batch %d and %d.", pair[0].Title(), pair[1].Title(), at[0], at[1])
-	if !j.wait(r, predictWait) {
+	if !j.wait(r, fitWait) {
 		return "Which batch size would have fit is being worked out from " + pair[0].Title() + " and " + pair[1].Title() + ": reload in a moment."
 	}
 	if j.err != nil {

@@ -1,10 +1,13 @@
 package server
 
 import (
+	"net/http/httptest"
 	"strings"
 	"testing"
 
 	"github.com/chromedp/chromedp"
+
+	"vramscope/internal/testkit"
 )
 
 // The compare page's Predict form, filled from the traces' names, opens
@@ -12,19 +15,28 @@ import (
 // batch that did not fit says which would have.
 func TestBrowserPredict(t *testing.T) {
 	ctx := browser(t)
-	f := newFixture(t, Options{})
+	db := testkit.OpenDB(t)
 	dir := shotDir(t)
-	a, b := recordGPT(t, f.db, 2, 80<<30), recordGPT(t, f.db, 4, 80<<30)
-	oom := recordGPT(t, f.db, 32, 16<<30)
+	a, b := recordGPT(t, db, 2, 80<<30), recordGPT(t, db, 4, 80<<30)
+	oom := recordGPT(t, db, 32, 16<<30)
+	s := New(Options{DB: db, Logger: quietLogger()})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
 
-	within(t, ctx, "navigate", chromedp.Navigate(f.srv.URL+"/compare/"+a+"/"+b))
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/compare/"+a+"/"+b))
 	waitFor(t, ctx, "the comparison", `document.getElementById("compare").dataset.ready === "1"`)
 	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#predict-form`))
 	screenshot(t, ctx, dir, "compare-predict-form")
 	within(t, ctx, "at", chromedp.SendKeys(`input[name="at"]`, "8,16,32,64"))
 	within(t, ctx, "capacity", chromedp.SendKeys(`input[name="capacity"]`, "16GiB"))
 	within(t, ctx, "what-if", chromedp.Click(`input[name="whatif"]`))
+	// The replays wait for the server's replay slot: the page says so and
+	// reads itself again until they are done.
+	s.replaySlots <- struct{}{}
 	within(t, ctx, "submit", chromedp.Click(`#predict-form button[type="submit"]`))
+	waitFor(t, ctx, "the running page", `document.getElementById("predict")?.dataset.running === "1"`)
+	screenshot(t, ctx, dir, "predict-running")
+	<-s.replaySlots
 	waitFor(t, ctx, "the predictions", `document.querySelectorAll("#predictions tbody tr").length === 4`)
 	loc := within(t, ctx, "location", chromedp.Location())
 	for _, want := range []string{"/compare/" + a + "/" + b + "/predict?", "batch_a=2", "batch_b=4", "at=8%2C16%2C32%2C64", "capacity=16GiB", "whatif=1"} {
@@ -42,7 +54,7 @@ func TestBrowserPredict(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "predict")
 
-	within(t, ctx, "incident", chromedp.Navigate(f.srv.URL+"/traces/"+oom+"/incidents/1"))
+	within(t, ctx, "incident", chromedp.Navigate(srv.URL+"/traces/"+oom+"/incidents/1"))
 	waitFor(t, ctx, "the incident page", `document.getElementById("incident")?.dataset.ready === "1" && document.getElementById("incident").dataset.whatif === "done"`)
 	fit := within(t, ctx, "sentence", chromedp.Evaluate[string](`document.getElementById("batch-fit").textContent`))
 	if !strings.HasPrefix(fit, "Batch ") || !strings.Contains(fit, " would have fit this 16.00 GiB device; batch 32 needs ") ||

@@ -3,10 +3,13 @@ package server
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"vramscope/internal/testkit"
 	"vramscope/predict"
@@ -45,7 +48,9 @@ func TestAPIPredict(t *testing.T) {
 		Largest  int    `json:"largest_batch"`
 		Capacity uint64 `json:"capacity_bytes"`
 	}
-	f.getJSON(t, "/api/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8,32&capacity=16GiB", &res)
+	if err := json.Unmarshal(predicted(t, f.srv.URL+"/api/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8,32&capacity=16GiB", http.StatusOK), &res); err != nil {
+		t.Fatal(err)
+	}
 	if res.Paired == 0 || res.Paired != res.Requests || len(res.Predictions) != 2 || res.Capacity != 16<<30 {
 		t.Fatalf("%+v", res)
 	}
@@ -76,7 +81,7 @@ func TestAPIPredict(t *testing.T) {
 		}
 	}
 	// Two programs: refused, saying so.
-	body := f.get(t, "/api/compare/"+a+"/"+f.id+"/predict?batch_a=2&batch_b=4", http.StatusUnprocessableEntity)
+	body := predicted(t, f.srv.URL+"/api/compare/"+a+"/"+f.id+"/predict?batch_a=2&batch_b=4", http.StatusUnprocessableEntity)
 	var e struct{ Error string }
 	if json.Unmarshal(body, &e); !strings.Contains(e.Error, "are not recordings of the same program") {
 		t.Errorf("two programs: %s", body)
@@ -95,7 +100,7 @@ func TestPredictPage(t *testing.T) {
 			t.Errorf("the compare page lacks %s", want)
 		}
 	}
-	page = string(f.get(t, "/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8,16&capacity=16GiB", http.StatusOK))
+	page = pageDone(t, f.srv.URL+"/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8,16&capacity=16GiB", `data-running="1"`)
 	for _, want := range []string{"of", "requests pair up by stack and occurrence", "<td class=\"num\">16</td>"} {
 		if !strings.Contains(page, want) {
 			t.Errorf("the predict page lacks %q", want)
@@ -104,7 +109,7 @@ func TestPredictPage(t *testing.T) {
 	if !regexp.MustCompile(`The largest batch that fits 16.00 GiB \(asked for\): [1-9][0-9]\.`).MatchString(page) {
 		t.Error("the predict page does not say the largest batch")
 	}
-	page = string(f.get(t, "/compare/"+a+"/"+f.id+"/predict?batch_a=2&batch_b=4", http.StatusOK))
+	page = pageDone(t, f.srv.URL+"/compare/"+a+"/"+f.id+"/predict?batch_a=2&batch_b=4", `data-running="1"`)
 	if !strings.Contains(page, "are not recordings of the same program") {
 		t.Error("the predict page of two programs does not say they are not one")
 	}
@@ -131,7 +136,7 @@ func TestIncidentSaysWhichBatchFits(t *testing.T) {
 		}
 		largest = b
 	}
-	page := string(f.get(t, "/traces/"+oom+"/incidents/1", http.StatusOK))
+	page := pageDone(t, f.srv.URL+"/traces/"+oom+"/incidents/1", "is being worked out")
 	want := fmt.Sprintf(`<p id="batch-fit" class="note">Batch %d would have fit this 16.00 GiB device; batch 32 needs `, largest)
 	if !strings.Contains(page, want) {
 		i := strings.Index(page, `id="batch-fit"`)
@@ -140,5 +145,73 @@ func TestIncidentSaysWhichBatchFits(t *testing.T) {
 	// A trace whose name states no batch says nothing of it.
 	if _, _, ok := predict.BatchInName(f.trace.Name); ok {
 		t.Fatal("the fixture's name states a batch")
+	}
+}
+
+// predicted GETs url until it is no longer 202 (a machine's replays
+// queue behind others), and wants status then.
+func predicted(t *testing.T, url string, want int) []byte {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		res, err := http.Get(url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		switch {
+		case res.StatusCode == http.StatusAccepted && want != http.StatusAccepted && time.Now().Before(deadline):
+			continue
+		case res.StatusCode != want:
+			t.Fatalf("GET %s: %d, want %d: %s", url, res.StatusCode, want, body)
+		}
+		return body
+	}
+}
+
+// pageDone GETs the page at url until it no longer says running.
+func pageDone(t *testing.T, url, running string) string {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		page := string(predicted(t, url, http.StatusOK))
+		if !strings.Contains(page, running) || time.Now().After(deadline) {
+			return page
+		}
+	}
+}
+
+// While the replays wait for the server's replay slot, the API answers
+// 202, the Predict page says so and reads itself again, and the incident
+// page says it is being worked out; once free, each has its answer.
+func TestPredictRunning(t *testing.T) {
+	db := testkit.OpenDB(t)
+	a, b := recordGPT(t, db, 2, 80<<30), recordGPT(t, db, 4, 80<<30)
+	oom := recordGPT(t, db, 32, 16<<30)
+	s := New(Options{DB: db, Logger: quietLogger()})
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+
+	s.replaySlots <- struct{}{}
+	var body struct{ Status string }
+	if err := json.Unmarshal(predicted(t, srv.URL+"/api/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8", http.StatusAccepted), &body); err != nil || body.Status != "running" {
+		t.Fatalf("while the slot is held: %+v, %v", body, err)
+	}
+	page := string(predicted(t, srv.URL+"/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8", http.StatusOK))
+	if !strings.Contains(page, `data-running="1"`) || !strings.Contains(page, "Replaying the job at each batch size") {
+		t.Error("the Predict page does not say it is running")
+	}
+	page = string(predicted(t, srv.URL+"/traces/"+oom+"/incidents/1", http.StatusOK))
+	if !strings.Contains(page, `Which batch size would have fit is being worked out from gpt batch 2 and gpt batch 4: reload in a moment.`) {
+		t.Error("the incident page does not say the batch is being worked out")
+	}
+	<-s.replaySlots
+	page = pageDone(t, srv.URL+"/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8", `data-running="1"`)
+	if !strings.Contains(page, `id="predictions"`) {
+		t.Error("no predictions once the slot is free")
+	}
+	if page = pageDone(t, srv.URL+"/traces/"+oom+"/incidents/1", "is being worked out"); !strings.Contains(page, " would have fit this 16.00 GiB device") {
+		t.Error("no sentence once the slot is free")
 	}
 }

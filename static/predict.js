@@ -4,6 +4,6 @@ import { initTheme } from "./common.js";
 
 initTheme();
 
-if (document.getElementById("predict")?.dataset.running === "true") {
+if (document.getElementById("predict")?.dataset.running === "1") {
   setTimeout(() => location.reload(), 2000);
 }
