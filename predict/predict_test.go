@@ -10,6 +10,8 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/internal/testkit"
+	"vramscope/pytorch"
 	"vramscope/replay"
 	"vramscope/tracer"
 )
@@ -346,5 +348,37 @@ func TestBatchInName(t *testing.T) {
 		if b != c.batch || job != c.job || ok != c.ok {
 			t.Errorf("BatchInName(%q) = %d, %q, %v; want %d, %q, %v", c.name, b, job, ok, c.batch, c.job, c.ok)
 		}
+	}
+}
+
+// Two real PyTorch runs of one program (the same GPT, the second under
+// expandable segments) pair up request for request by stack and
+// occurrence, and the stream predicted at the first's value, replayed,
+// peaks where the real allocator did (train_default.json's
+// memory_stats()). They were both recorded at batch 8: the fit is given
+// two values only to have a line, along which nothing grows.
+func TestRealRunsPairUp(t *testing.T) {
+	var recs []Recording
+	for i, name := range []string{"train_default.pickle", "train_expandable.pickle"} {
+		traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "../pytorch-2.11/"+name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs = append(recs, Recording{Name: name, At: 8 * (i + 1), Stream: replay.FromRecording(traces[0].Recording())})
+	}
+	m, err := Fit(Batch, recs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Paired != m.Requests || m.Requests < 6000 || len(m.Unfit) != 0 || m.Grows {
+		t.Fatalf("%d of %d requests paired, unfit %+v, grows %v", m.Paired, m.Requests, m.Unfit, m.Grows)
+	}
+	p, err := m.Predict(8, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const peakAllocated, peakReserved = 5_865_110_528, 6_717_177_856 // allocated_bytes.all.peak, reserved_bytes.all.peak
+	if p.PeakAllocated != peakAllocated || p.PeakReserved != peakReserved {
+		t.Errorf("predicted peaks %d allocated, %d reserved; PyTorch's %d, %d", p.PeakAllocated, p.PeakReserved, peakAllocated, peakReserved)
 	}
 }
