@@ -144,13 +144,20 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 		xs[j] = int64(r.At)
 	}
 	ys := make([]int64, len(recs))
-	unfit := map[[2]any]*Unfit{}
-	name := func(why string, stack gpu.StackID, sizes []uint64, stacks []gpu.Stack) {
-		k := [2]any{why, stack}
+	type kindOf struct {
+		why   string
+		rec   int // whose stack ids
+		stack gpu.StackID
+	}
+	unfit := map[kindOf]*Unfit{}
+	// name counts a request that rests on a guess under its kind; sizes
+	// are its sizes in each recording (0 where absent).
+	name := func(why string, rec int, stack gpu.StackID, sizes []uint64) {
+		k := kindOf{why, rec, stack}
 		u := unfit[k]
 		if u == nil {
-			u = &Unfit{Why: why, Sizes: sizes}
-			if stack > 0 && int(stack) <= len(stacks) {
+			u = &Unfit{Why: why, Sizes: slices.Clone(sizes)}
+			if stacks := recs[rec].Stream.Stacks; stack > 0 && int(stack) <= len(stacks) {
 				u.Stack = stacks[stack-1]
 			}
 			unfit[k] = u
@@ -161,6 +168,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 			m.UnpairedBytes += s
 		}
 	}
+	sizes := make([]uint64, len(recs))
 	for i, r := range base.reqs {
 		all := true
 		for j := 1; j < len(recs); j++ {
@@ -172,17 +180,23 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 		if r.Op != replay.OpMalloc {
 			continue
 		}
-		sizes := make([]uint64, len(recs))
 		sizes[0] = r.Size
 		for j := 1; j < len(recs); j++ {
+			sizes[j] = 0
 			if p := als[j].partner[i]; p >= 0 {
 				sizes[j] = preps[j].reqs[p].Size
 			}
 		}
 		if !all {
+			in := recs[0].Name
+			for j := 1; j < len(recs); j++ {
+				if als[j].partner[i] >= 0 {
+					in += " and " + recs[j].Name
+				}
+			}
 			m.kind[i] = unpaired
 			m.coef[i][0] = int64(r.Size)
-			name("only in "+presentIn(recs, sizes), r.Stack, sizes, recs[0].Stream.Stacks)
+			name("only in "+in, 0, r.Stack, sizes)
 			continue
 		}
 		for j, s := range sizes {
@@ -198,7 +212,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 			m.pts = append(m.pts, pts)
 			m.coef[i][0] = int64(len(m.pts) - 1)
 			m.Grows = true
-			name("sizes do not follow "+d.Formula(), r.Stack, sizes, recs[0].Stream.Stacks)
+			name("sizes do not follow "+d.Formula(), 0, r.Stack, sizes)
 			continue
 		}
 		m.coef[i] = c
@@ -208,9 +222,9 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 	for j := 1; j < len(recs); j++ {
 		for _, o := range als[j].lone {
 			r := preps[j].reqs[o]
-			sizes := make([]uint64, len(recs))
+			clear(sizes)
 			sizes[j] = r.Size
-			name("only in "+recs[j].Name, r.Stack, sizes, recs[j].Stream.Stacks)
+			name("only in "+recs[j].Name, j, r.Stack, sizes)
 		}
 	}
 	for _, u := range unfit {
@@ -220,20 +234,6 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(b.Count, a.Count), cmp.Compare(a.Why, b.Why))
 	})
 	return m, nil
-}
-
-// presentIn names the recordings with a nonzero size.
-func presentIn(recs []Recording, sizes []uint64) string {
-	var s string
-	for j, n := range sizes {
-		if n > 0 || j == 0 {
-			if s != "" {
-				s += " and "
-			}
-			s += recs[j].Name
-		}
-	}
-	return s
 }
 
 // interpolate is the polynomial of degree len(xs)-1 through the points,
