@@ -157,11 +157,11 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	if err != nil {
 		return 0, err
 	}
-	fits := func(k int) (bool, error) {
+	fitsAt := func(k int) (bool, error) { // k steps
 		s, _ := m.Stream(k * step)
-		return Fits(s, cfg, capacity)
+		return fits(s, cfg, capacity)
 	}
-	ok, err := fits(1)
+	ok, err := fitsAt(1)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -170,7 +170,7 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	}
 	lo, hi := 1, 2 // in steps: lo fits; hi is tried
 	for {
-		ok, err := fits(hi)
+		ok, err := fitsAt(hi)
 		if err != nil {
 			return 0, err
 		}
@@ -184,7 +184,7 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	}
 	for hi-lo > 1 {
 		mid := lo + (hi-lo)/2
-		ok, err := fits(mid)
+		ok, err := fitsAt(mid)
 		if err != nil {
 			return 0, err
 		}
@@ -197,9 +197,9 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	return lo * step, nil
 }
 
-// Fits replays s under cfg on a device of capacity bytes until its first
+// fits replays s under cfg on a device of capacity bytes until its first
 // OOM, and says whether there was none.
-func Fits(s replay.Stream, cfg caching.Config, capacity uint64) (bool, error) {
+func fits(s replay.Stream, cfg caching.Config, capacity uint64) (bool, error) {
 	a, err := caching.New(s.Device(capacity), cfg)
 	if err != nil {
 		return false, err

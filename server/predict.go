@@ -273,11 +273,13 @@ func (s *Server) batchFit(r *http.Request, t gpu.Trace) string {
 		return ""
 	}
 	batch, _, _ := predict.BatchInName(t.Name)
-	capacity := t.Capacity
-	o := predict.Options{At: []int{batch}, Capacity: capacity}
-	key := fmt.Sprintf("incident\x00%s\x00%s\x00%s\x00%d", t.ID, pair[0].ID, pair[1].ID, capacity)
+	key := fmt.Sprintf("incident\x00%s\x00%s\x00%s", t.ID, pair[0].ID, pair[1].ID)
 	j := s.prediction(key, func() (*predict.Result, error) {
-		return s.fitTraces([]string{pair[0].ID, pair[1].ID}, at[:], o)
+		capacity, err := s.deviceOf(t)
+		if err != nil {
+			return nil, err
+		}
+		return s.fitTraces([]string{pair[0].ID, pair[1].ID}, at[:], predict.Options{At: []int{batch}, Capacity: capacity})
 	})
 	from := fmt.Sprintf("Predicted from the traces %q and %q, recorded at batch %d and %d.", pair[0].Title(), pair[1].Title(), at[0], at[1])
 	if !j.wait(r, fitWait) {
@@ -299,6 +301,21 @@ func (s *Server) batchFit(r *http.Request, t gpu.Trace) string {
 		return fmt.Sprintf("Batch %d itself fits a %s device by the prediction (it needs %s): the allocator's settings or what else held the device made the difference. %s",
 			batch, device, needText(res.Predictions[0].CapacityNeeded), from)
 	}
+}
+
+// deviceOf is the memory of the device trace t ran on: recorded, else
+// what its OOM implies (a PyTorch snapshot does not say), else a default.
+func (s *Server) deviceOf(t gpu.Trace) (uint64, error) {
+	if t.Capacity > 0 {
+		return t.Capacity, nil
+	}
+	rec, err := s.opt.DB.Recording(t.ID)
+	if err != nil {
+		return 0, err
+	}
+	st := replay.FromRecording(rec)
+	st.Use(0, replay.DefaultCapacity)
+	return st.Capacity.Bytes, nil
 }
 
 func needText(n uint64) string {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"vramscope/gpu"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
 	"vramscope/internal/testkit"
 	"vramscope/predict"
 	"vramscope/store"
@@ -213,5 +217,33 @@ func TestPredictRunning(t *testing.T) {
 	}
 	if page = pageDone(t, srv.URL+"/traces/"+oom+"/incidents/1", "is being worked out"); !strings.Contains(page, " would have fit this 16.00 GiB device") {
 		t.Error("no sentence once the slot is free")
+	}
+}
+
+// A trace that does not say its device's memory (as a PyTorch snapshot
+// does not) is read for what its OOM implies.
+func TestIncidentBatchOnAnUnknownDevice(t *testing.T) {
+	f := newFixture(t, Options{})
+	recordGPT(t, f.db, 2, 80<<30)
+	recordGPT(t, f.db, 4, 80<<30)
+	wr, err := f.db.CreateTrace(gpu.TraceMeta{Name: "gpt batch 32", Source: gpu.SourceTrace}, gpu.NewLayout(gpu.DefaultRules()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := &tracer.Clock{US: 1}
+	a, err := caching.New(sim.New(16<<30), caching.DefaultConfig(), caching.WithSink(wr), caching.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tracer.Run(context.Background(), gpt(32), &tracer.Env{Alloc: a, Clock: clk, Stacks: wr}); err == nil {
+		t.Fatal("batch 32 fits 16 GiB")
+	}
+	if err := wr.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	page := pageDone(t, f.srv.URL+"/traces/"+wr.ID()+"/incidents/1", "is being worked out")
+	if !strings.Contains(page, " would have fit this 16.00 GiB device; batch 32 needs ") {
+		i := strings.Index(page, `id="batch-fit"`)
+		t.Errorf("the page says %q", page[max(i, 0):min(len(page), max(i, 0)+300)])
 	}
 }
