@@ -140,3 +140,67 @@ func TestFitRefusals(t *testing.T) {
 		}
 	}
 }
+
+// --seq fits three recordings at sequence lengths; a fourth is checked;
+// --whatif adds each setting's memory needed and largest length.
+func TestFitSeqJSON(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "seq.db")
+	db, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, s := range []int{256, 512, 768, 1024} {
+		w := tracer.DefaultTrain()
+		w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 2, 512, 8192, 2, s, 2
+		ids = append(ids, testkit.Record(t, db, "train", w, 80<<30, ""))
+	}
+	db.Close()
+	code, out, errs := runCmd(append([]string{"fit", "--db", path, "--seq", "256,512,768,1024", "--at", "2048", "--step", "128", "--capacity", "4GiB", "--whatif", "--json"}, ids...)...)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		By          string `json:"by"`
+		Paired      int    `json:"paired"`
+		Requests    int    `json:"requests"`
+		Predictions []struct {
+			Seq            int `json:"seq"`
+			CapacityNeeded uint64
+			WhatIf         []struct {
+				AllocConf      string `json:"alloc_conf"`
+				CapacityNeeded uint64 `json:"capacity_needed"`
+			} `json:"whatif"`
+		} `json:"predictions"`
+		Largest       *int `json:"largest_seq"`
+		LargestWhatIf []struct {
+			AllocConf string `json:"alloc_conf"`
+			Largest   int    `json:"largest"`
+		} `json:"largest_whatif"`
+		Checks []struct {
+			Name      string
+			Predicted map[string]any
+			Recorded  map[string]any
+		} `json:"checks"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.By != "seq" || res.Paired == 0 || res.Paired != res.Requests || len(res.Predictions) != 1 || res.Predictions[0].Seq != 2048 {
+		t.Fatalf("%+v", res)
+	}
+	if len(res.Predictions[0].WhatIf) != 6 || res.Predictions[0].WhatIf[0].AllocConf != "expandable_segments:True" || res.Predictions[0].WhatIf[0].CapacityNeeded == 0 {
+		t.Errorf("what-if: %+v", res.Predictions[0].WhatIf)
+	}
+	if res.Largest == nil || *res.Largest < 1024 || *res.Largest%128 != 0 || len(res.LargestWhatIf) != 6 {
+		t.Errorf("largest sequence length on 4 GiB: %v, with other settings %+v", res.Largest, res.LargestWhatIf)
+	}
+	if len(res.Checks) != 1 || res.Checks[0].Name != ids[3] {
+		t.Fatalf("checks: %+v", res.Checks)
+	}
+	for _, k := range []string{"peak_allocated", "peak_reserved", "capacity_needed"} {
+		if p, r := res.Checks[0].Predicted[k], res.Checks[0].Recorded[k]; p == nil || p == 0.0 || p != r {
+			t.Errorf("check of seq 1024, %s: predicted %v, recorded %v", k, p, r)
+		}
+	}
+}
