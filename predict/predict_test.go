@@ -10,6 +10,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/incident"
 	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 	"vramscope/replay"
@@ -160,6 +161,13 @@ func TestBatchPredictsItsOwnTraces(t *testing.T) {
 		rn := recordedNeed(t, r)
 		if p.CapacityNeeded == 0 || p.CapacityNeeded != rn.CapacityNeeded {
 			t.Errorf("batch %d: predicted to need %d bytes, the recording needs %d", p.At, p.CapacityNeeded, rn.CapacityNeeded)
+		}
+		// What the what-if table says the recording needs, as an
+		// incident page would.
+		rs := stream(r)
+		rs.Use(0, replay.DefaultCapacity)
+		if _, rows, err := incident.WhatIfs(rs, nil, 1); err != nil || rows[0].CapacityNeeded != p.CapacityNeeded {
+			t.Errorf("batch %d: predicted to need %d bytes, the what-if of its recording %+v, %v", p.At, p.CapacityNeeded, rows, err)
 		}
 		t.Logf("batch %d: peak allocated %s, peak reserved %s, needs %s", p.At, gpu.FormatBytes(p.PeakAllocated),
 			gpu.FormatBytes(p.PeakReserved), gpu.FormatBytes(p.CapacityNeeded))
