@@ -50,7 +50,8 @@ type predictJob struct {
 	err  error
 }
 
-// get returns the job of key, starting run for it when there is none.
+// prediction returns the job of key, starting run for it when there is
+// none.
 func (s *Server) prediction(key string, run func() (*predict.Result, error)) *predictJob {
 	p := &s.predicts
 	p.mu.Lock()
