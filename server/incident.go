@@ -164,5 +164,5 @@ func (s *Server) pageIncident(w http.ResponseWriter, r *http.Request) {
 		render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), msg))
 		return
 	}
-	render(w, r, http.StatusOK, web.IncidentPage(page(t.Title()+" · incident "+strconv.Itoa(n)), t, all, n))
+	render(w, r, http.StatusOK, web.IncidentPage(page(t.Title()+" · incident "+strconv.Itoa(n)), t, all, n, s.batchFit(r, t)))
 }

@@ -77,6 +77,8 @@ type Server struct {
 	hub         *live.Hub // live ingest and viewers
 	// cats keeps the categorizers (the regions) of the traces last shown.
 	cats *attrib.Cache
+	// predicts keeps the predictions asked for (predict.go).
+	predicts predictions
 }
 
 // New builds the router. Routes are grouped so that long-lived ones
@@ -116,6 +118,8 @@ func New(opt Options) *Server {
 		r.Get("/runs/{id}", s.pageRun)
 		r.Get("/compare/{a}/{b}", s.pageCompare)
 		r.Get("/api/compare/{a}/{b}", s.apiCompare)
+		r.Get("/compare/{a}/{b}/predict", s.pagePredict)
+		r.Get("/api/compare/{a}/{b}/predict", s.apiPredict)
 		r.Route("/api/runs/{id}", func(r chi.Router) {
 			r.Get("/", s.apiRun)
 			r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteRun)
