@@ -106,8 +106,8 @@ func needed(s replay.Stream, cfg caching.Config) (need, peakAllocated, peakReser
 	if err != nil || len(res.OOMs) > 0 {
 		return 0, res.PeakAllocated, res.PeakReserved, nil // more than any device
 	}
-	need, err = s.CapacityNeeded(cfg, res, replay.MaxCapacityNeeded)
-	return need, res.PeakAllocated, res.PeakReserved, err
+	n, err := s.CapacityNeeded(cfg, res, replay.MaxCapacityNeeded)
+	return n.Steady, res.PeakAllocated, res.PeakReserved, err
 }
 
 // PredictAll is Predict at each of xs, on up to workers goroutines.
