@@ -153,7 +153,7 @@ async function selectionPanel(signal) {
       ["Size", fmtBytes(b.size)], ["Requested", fmtBytes(b.requested)],
       ["Allocated", "before the trace began"],
       ["First user frame", st.label || "–"],
-    ]), framesList(st.frames, { all: view.allFrames }));
+    ]), framesList(st.frames, { all: view.allFrames, named: st.named || [] }));
     return;
   }
   if (view.sel === null) {
@@ -168,7 +168,8 @@ async function selectionPanel(signal) {
     ["Size", fmtBytes(a.size) + " (" + a.size + " bytes)"],
     ["Requested", fmtBytes(a.requested_size) + " (" + a.requested_size + " bytes)"],
     ["Stream", String(a.stream)],
-    ["First user frame", a.label || "–"],
+    [a.named ? "Named by" : "First user frame", a.label || (a.verdict.made ? a.verdict.made + " · no stack" : "–")],
+    ["Category", `${a.verdict.category} (${a.verdict.sure}: rule ${a.verdict.rule})`],
     ["Allocated at", view.fmtT(a.alloc_us)],
     ["Freed at", freed ? view.fmtT(a.free_us) + " (lived " + view.fmtDur(a.free_us - a.alloc_us) + ")" : "never (still allocated)"],
   ]);
@@ -185,7 +186,7 @@ async function selectionPanel(signal) {
   const fit = el("button", { type: "button", class: "btn" }, "Fit (F)");
   fit.addEventListener("click", () => view.fitSelection());
   box.replaceChildren(el("h3", {}, "Allocation #" + a.seq), facts, jump, " ", fit, el("h4", {}, "Events"), evs, el("h4", {}, "Stack"),
-    framesList(a.frames, { all: view.allFrames }));
+    framesList(a.frames, { all: view.allFrames, named: a.named || [], made: a.verdict.made }));
 }
 
 // ---- devices of the upload -----------------------------------------------
@@ -222,7 +223,7 @@ const catLegend = document.getElementById("cat-legend");
 function showBandMode() {
   catLegend.hidden = view.bandMode === "alloc";
   if (!catLegend.hidden && !catLegend.childElementCount) {
-    const names = ["parameters", "optimizer state", "gradients", "activations", "temporaries", "communication", "persistent state", "unknown"];
+    const names = ["parameters", "optimizer state", "gradients", "activations", "temporaries", "communication", "persistent state", "side stream", "unknown"];
     catLegend.replaceChildren(...names.map((n, i) => el("span", { class: "key cat" }, el("i", { class: "sw sw-" + i }), n)));
   }
 }

@@ -1,0 +1,137 @@
+package server
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/chromedp/chromedp"
+
+	"vramscope/attrib"
+	"vramscope/gpu"
+	"vramscope/internal/testkit"
+	"vramscope/store"
+)
+
+// recording imports one of the PyTorch 2.11 recordings of a real GPU
+// (shared/testdata/pytorch-2.11).
+func recording(t *testing.T, db *store.DB, name string) gpu.Trace {
+	t.Helper()
+	return importSnapshot(t, db, "../pytorch-2.11/"+name)[0]
+}
+
+// The 300-step run recorded with PyTorch's default stacks="python": at its
+// peak no row of the live table is "(no stack)" alone: the backward's
+// allocations are named so, with a category; a note says what recording
+// Python frames only costs. On the 6-step run, just as an optimizer step
+// begins, the gradients' chip reads the parameters' bytes.
+func TestBrowserNoStackNamed(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	big := recording(t, db, "big.pickle.gz")
+	train := recording(t, db, "train_default.pickle")
+	srv := serve(t, db)
+	dir := shotDir(t)
+
+	within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?e=%d", srv.URL, big.ID, big.PeakSeq)))
+	waitReady(t, ctx)
+	within(t, ctx, "live set at the peak", chromedp.Poll[bool](fmt.Sprintf(`vramscopeLive.data && vramscopeLive.data.seq === %d`, big.PeakSeq)))
+	rows := within(t, ctx, "rows", chromedp.Evaluate[[]string](`[...document.querySelectorAll("#live-table tbody tr td:first-child")].map(td => td.textContent)`))
+	if len(rows) == 0 || rows[0] != "backward (autograd thread) · no stack" {
+		t.Errorf("the table's rows at the peak: %q", rows)
+	}
+	for _, r := range rows {
+		if r == "(no stack)" {
+			t.Errorf("a row is %q alone", r)
+		}
+	}
+	unknown := within(t, ctx, "unknown", chromedp.Evaluate[float64](`(() => { const d = vramscopeLive.data;
+		return d.categories.find(c => c.name === "unknown").bytes / d.bytes; })()`))
+	if unknown > 0.05 {
+		t.Errorf("%.1f %% of the live bytes at the peak are unknown", 100*unknown)
+	}
+	note := within(t, ctx, "note", chromedp.Evaluate[string](`document.getElementById("live-note").hidden ? "" : document.getElementById("live-note").textContent`))
+	if !strings.Contains(note, `stacks="all"`) || !strings.Contains(note, "no stack") {
+		t.Errorf("the note on Python-only stacks: %q", note)
+	}
+	screenshot(t, ctx, dir, "nostack-big-peak")
+
+	// The 6-step run at the start of its third optimizer step.
+	c, err := attrib.NewCategorizer(db, train.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opt []attrib.Region
+	for _, r := range c.Regions() {
+		if r.Phase == attrib.PhaseOptimizer {
+			opt = append(opt, r)
+		}
+	}
+	ls, err := db.LiveAt(train.ID, opt[2].StartUS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?e=%d&g=category", srv.URL, train.ID, ls.Seq)))
+	waitReady(t, ctx)
+	within(t, ctx, "live set at the optimizer step", chromedp.Poll[bool](fmt.Sprintf(`vramscopeLive.data && vramscopeLive.data.seq === %d`, ls.Seq)))
+	by := within(t, ctx, "categories", chromedp.Evaluate[map[string]float64](`Object.fromEntries(vramscopeLive.data.categories.map(c => [c.name, c.bytes]))`))
+	if p, g := by["parameters"], by["gradients"]; p == 0 || g < 0.95*p || g > 1.05*p {
+		t.Errorf("at the optimizer step: parameters %.0f B, gradients %.0f B", p, g)
+	}
+	chip := within(t, ctx, "chip", chromedp.Evaluate[string](`document.querySelector('#live-cats .cat[data-category="gradients"]').textContent`))
+	if !strings.HasPrefix(chip, "gradients 35") {
+		t.Errorf("the gradients' chip reads %q", chip)
+	}
+	screenshot(t, ctx, dir, "nostack-train-optimizer")
+}
+
+// Recorded with C++ frames (stacks="all"), allocation 896 is labelled by
+// its autograd node and operator, and its Stack section shows the frames
+// that named it though C++ frames are folded.
+func TestBrowserBackwardNamed(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	tr := recording(t, db, "train_stacks_all.pickle")
+	srv := serve(t, db)
+	dir := shotDir(t)
+	within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?sel=896&e=896&panel=selection", srv.URL, tr.ID)))
+	waitReady(t, ctx)
+	within(t, ctx, "selection", chromedp.Poll[bool](`document.querySelector("#panel-selection ol.frames") !== null`))
+	text := within(t, ctx, "facts", chromedp.Evaluate[string](`document.getElementById("panel-selection").textContent`))
+	if !strings.Contains(text, "LogSoftmaxBackward0 · _log_softmax_backward_data") || strings.Contains(text, "create_out ") {
+		t.Errorf("allocation 896's details: %.400q", text)
+	}
+	named := within(t, ctx, "named frames", chromedp.Evaluate[[]string](`[...document.querySelectorAll("#panel-selection ol.frames li.named")].map(li => li.textContent)`))
+	if len(named) != 2 || !strings.Contains(named[0], "_log_softmax_backward_data") || !strings.Contains(named[1], "LogSoftmaxBackward0") {
+		t.Errorf("the frames shown as naming it: %q", named)
+	}
+	screenshot(t, ctx, dir, "backward-named-896")
+	rows := within(t, ctx, "rows", chromedp.Evaluate[[]string](`[...document.querySelectorAll("#live-table tbody tr td:first-child")].map(td => td.textContent)`))
+	for _, r := range rows {
+		if strings.Contains(r, "create_out") || strings.Contains(r, "_to_copy") || strings.Contains(r, "zeros_symint") {
+			t.Errorf("a row is labelled by a helper: %q", r)
+		}
+	}
+}
+
+// graphs.pickle has no distributed code: at its end, nothing is
+// communication; its side stream's allocations are the warm-up
+// backward's and the side stream's own.
+func TestBrowserSideStreamNotCommunication(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	tr := recording(t, db, "graphs.pickle")
+	srv := serve(t, db)
+	dir := shotDir(t)
+	within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?e=%d&g=category", srv.URL, tr.ID, tr.LastSeq)))
+	waitReady(t, ctx)
+	within(t, ctx, "live set", chromedp.Poll[bool](fmt.Sprintf(`vramscopeLive.data && vramscopeLive.data.seq === %d`, tr.LastSeq)))
+	by := within(t, ctx, "categories", chromedp.Evaluate[map[string]float64](`Object.fromEntries(vramscopeLive.data.categories.map(c => [c.name, c.bytes]))`))
+	if by["communication"] != 0 || by["gradients"] < 32<<20 {
+		t.Errorf("at the end: %v", by)
+	}
+	if _, ok := by["side stream"]; !ok {
+		t.Errorf("no side stream category: %v", by)
+	}
+	screenshot(t, ctx, dir, "graphs-side-stream")
+}
