@@ -135,3 +135,53 @@ func TestBrowserSideStreamNotCommunication(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "graphs-side-stream")
 }
+
+// The same program under two allocator settings (train_default.pickle and
+// train_expandable.pickle): /compare/A/B, with no alignment asked for,
+// aligns by request and says the figures that differ are the allocator's;
+// the steps fill the plot; A's peak reads B at the same request, where
+// the live bytes agree within 1 %; the moments' labels do not overlap.
+func TestBrowserCompareSameProgram(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	a := recording(t, db, "train_default.pickle")
+	b := recording(t, db, "train_expandable.pickle")
+	srv := serve(t, db)
+	dir := shotDir(t)
+	within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/compare/%s/%s", srv.URL, a.ID, b.ID)))
+	waitFor(t, ctx, "the comparison", `document.getElementById("compare").dataset.ready === "1"`)
+	pressed := within(t, ctx, "alignment", chromedp.Evaluate[string](`document.querySelector('[data-align][aria-pressed="true"]').dataset.align`))
+	if pressed != "request" {
+		t.Errorf("aligned by %q", pressed)
+	}
+	note := within(t, ctx, "note", chromedp.Text(`#align-note`))
+	if !strings.Contains(note, "The same program") || !strings.Contains(note, "what differs is the allocator's") {
+		t.Errorf("note %q", note)
+	}
+	m := within(t, ctx, "A's peak", chromedp.Evaluate[map[string]float64](`(() => { const m = comparePage.page.data.moments.find(m => m.key === "peak_a");
+		return {a: m.a.allocated, b: m.b.allocated}; })()`))
+	if d := m["a"] - m["b"]; d > 0.01*m["a"] || d < -0.01*m["a"] {
+		t.Errorf("at A's peak: A %.0f B, B %.0f B allocated", m["a"], m["b"])
+	}
+	// The first step starts in the first twentieth of the plot.
+	first := within(t, ctx, "first step", chromedp.Evaluate[float64](`(() => { const d = comparePage.page.data, tl = d.timeline;
+		return (Math.min(d.a.steps[0].x, d.b.steps[0].x) - tl.x0) / (tl.x1 - tl.x0); })()`))
+	if first < 0 || first > 0.05 {
+		t.Errorf("the first step at %.1f %% of the plot", 100*first)
+	}
+	label := within(t, ctx, "moment label", chromedp.Text(`#moment-label`))
+	if !strings.Contains(label, "reserved") {
+		t.Errorf("moment label %q", label)
+	}
+	screenshot(t, ctx, dir, "compare-same-program")
+
+	// By time the window opens on the steps too, with a way to the whole.
+	within(t, ctx, "by time", chromedp.Click(`[data-align="time"]`))
+	waitFor(t, ctx, "by time", `document.getElementById("compare").dataset.ready === "1" && comparePage.page.data.align === "time"`)
+	tl := within(t, ctx, "window", chromedp.Evaluate[map[string]any](`(() => { const tl = comparePage.page.data.timeline;
+		return {steps: !!tl.steps_window, reset: !document.getElementById("reset").hidden}; })()`))
+	if tl["steps"] != true || tl["reset"] != true {
+		t.Errorf("by time: %v", tl)
+	}
+	screenshot(t, ctx, dir, "compare-same-program-time")
+}
