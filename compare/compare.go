@@ -194,19 +194,19 @@ type Result struct {
 	// Align is the alignment used; Asked the one asked for, and Note why
 	// they differ (a trace without steps is aligned by time, one without
 	// times by event).
-	Align    Align           `json:"align"`
-	Asked    Align           `json:"align_asked"`
-	Note     string          `json:"align_note,omitempty"`
+	Align Align  `json:"align"`
+	Asked Align  `json:"align_asked"`
+	Note  string `json:"align_note,omitempty"`
 	// SameProgram: both traces make the same requests (the same alloc
 	// sizes in the same order); Reading says what differs between them
 	// then (the allocator's figures), or why they are not one program's.
 	SameProgram bool            `json:"same_program"`
 	Reading     string          `json:"reading,omitempty"`
 	Group       attrib.Grouping `json:"group"`
-	Settings []Setting       `json:"settings"`
-	Figures  []Figure        `json:"figures"`
-	Timeline Timeline        `json:"timeline"`
-	Moments  []Moment        `json:"moments"`
+	Settings    []Setting       `json:"settings"`
+	Figures     []Figure        `json:"figures"`
+	Timeline    Timeline        `json:"timeline"`
+	Moments     []Moment        `json:"moments"`
 }
 
 // trace is one side as Compare works on it.
