@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"fmt"
 	"strings"
 	"testing"
@@ -9,7 +10,9 @@ import (
 
 	"vramscope/attrib"
 	"vramscope/gpu"
+	"vramscope/ingest"
 	"vramscope/internal/testkit"
+	"vramscope/pytorch"
 	"vramscope/store"
 )
 
@@ -56,6 +59,21 @@ func TestBrowserNoStackNamed(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "nostack-big-peak")
 
+	// The page opens on the steps, not on the seconds of loading before
+	// them; the phases' strip has a legend; steps' labels fit their steps.
+	win := within(t, ctx, "window", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.regions.find(r => r.step === 0).start_us]`))
+	if win[0] <= float64(big.FirstUS) || win[0] > win[2] || (win[2]-win[0]) > 0.05*(win[1]-win[0]) {
+		t.Errorf("the window [%.0f, %.0f] and step 0 at %.0f", win[0], win[1], win[2])
+	}
+	legend := within(t, ctx, "phase legend", chromedp.Evaluate[string](`document.getElementById("phase-legend").hidden ? "" : document.getElementById("phase-legend").textContent`))
+	if !strings.Contains(legend, "optimizer") || !strings.Contains(legend, "zero grad") {
+		t.Errorf("the phases' legend: %q", legend)
+	}
+	st := c100(t, ctx)
+	within(t, ctx, "steps 100 to 104", chromedp.Evaluate[bool](fmt.Sprintf(`(vramscope.setWindow(%d, %d), true)`, st[0], st[1])))
+	waitFor(t, ctx, "drawn", `document.getElementById("view").dataset.ready === "1"`)
+	screenshot(t, ctx, dir, "steps-100-labels")
+
 	// The 6-step run at the start of its third optimizer step.
 	c, err := attrib.NewCategorizer(db, train.ID)
 	if err != nil {
@@ -83,6 +101,15 @@ func TestBrowserNoStackNamed(t *testing.T) {
 		t.Errorf("the gradients' chip reads %q", chip)
 	}
 	screenshot(t, ctx, dir, "nostack-train-optimizer")
+
+	// The event list keeps each frame's line number in view.
+	waitFor(t, ctx, "event rows", `document.querySelectorAll("#events .c-frame.split").length > 0`)
+	cut := within(t, ctx, "line numbers", chromedp.Evaluate[[]string](`[...document.querySelectorAll("#events .c-frame.split")].filter(c => {
+		const l = c.querySelector(".f-line").getBoundingClientRect(), r = c.getBoundingClientRect();
+		return l.width === 0 || l.right > r.right + 0.5; }).map(c => c.title)`))
+	if len(cut) > 0 {
+		t.Errorf("the event list cuts the line number of %q", cut)
+	}
 }
 
 // Recorded with C++ frames (stacks="all"), allocation 896 is labelled by
@@ -184,4 +211,35 @@ func TestBrowserCompareSameProgram(t *testing.T) {
 		t.Errorf("by time: %v", tl)
 	}
 	screenshot(t, ctx, dir, "compare-same-program-time")
+}
+
+// c100 is the window of steps 100 to 104 of the page's trace.
+func c100(t *testing.T, ctx context.Context) [2]int64 {
+	t.Helper()
+	w := within(t, ctx, "steps 100 to 104", chromedp.Evaluate[[]float64](`(() => { const s = vramscope.regions.filter(r => r.step >= 100 && r.step <= 104);
+		return [s[0].start_us, s[s.length - 1].end_us]; })()`))
+	return [2]int64{int64(w[0]), int64(w[1])}
+}
+
+// A run of two real ranks (the DDP rank and the 6-step run): the
+// heatmap's keys say what its pale cells, outlines, ▲ and red lines mean.
+func TestBrowserRunKeys(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	files := []string{testkit.Snapshot(t, "../pytorch-2.11/ddp_rank0.pickle"), testkit.Snapshot(t, "../pytorch-2.11/train_default.pickle")}
+	runID, _, err := ingest.Run(context.Background(), db, "two ranks", ingest.WithRanks(ingest.Files(files), []int{0, 1}), pytorch.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := serve(t, db)
+	dir := shotDir(t)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/runs/"+runID))
+	waitFor(t, ctx, "the heatmap", `document.getElementById("scale").childElementCount > 0`)
+	keys := within(t, ctx, "keys", chromedp.Text(`.run-keys`))
+	for _, want := range []string{"pale", "outlined", "▲", "OOM"} {
+		if !strings.Contains(keys, want) {
+			t.Errorf("the heatmap's keys %q lack %q", keys, want)
+		}
+	}
+	screenshot(t, ctx, dir, "run-keys")
 }

@@ -13,6 +13,7 @@ import { EventList } from "./events.js";
 import { Search } from "./search.js";
 import { showSnapshot } from "./snapshot.js";
 import { LivePanel, showJumps } from "./livemem.js";
+import { phaseLegend } from "./timeline.js";
 
 const root = document.getElementById("view");
 const data = root.dataset;
@@ -35,7 +36,9 @@ const view = new PageState(root, {
 view.firstSeq = Number(data.firstSeq);
 view.lastSeq = Number(data.lastSeq);
 view.noEvents = view.lastSeq < 0 && data.status !== "live"; // a snapshot of its state alone
-view.t0 ??= view.fullT0;
+// No window in the URL: the steps when the server says they come long
+// after the trace's start (model loading first), else the whole trace.
+view.t0 ??= Number(data.stepsUs) >= 0 ? Number(data.stepsUs) : view.fullT0;
 view.t1 ??= view.fullT1;
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
 window.vramscope = view; // for tests and the console
@@ -248,6 +251,10 @@ showIncidents(view, document.querySelector(".timeline-panel .legend")).then((lis
   ooms = list || [];
   document.getElementById("go-oom").hidden = !ooms.length;
   return showJumps(view, goTo, ooms);
+}).then(() => {
+  const phases = document.getElementById("phase-legend");
+  phases.replaceChildren(...phaseLegend(view.regions));
+  phases.hidden = !phases.childElementCount;
 }).catch((e) => view.error("Incidents and steps: " + e.message));
 if (data.status === "live") view.live = follow(view);
 if (data.status !== "live") {
