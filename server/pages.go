@@ -48,7 +48,7 @@ func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Runs: runs, Total: total, Page: n, Per: listPer,
+	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Runs: runs, Same: web.SameRecording(ts), Total: total, Page: n, Per: listPer,
 		Name: q.Name, Source: string(q.Source), Status: string(q.Status), Sort: q.Sort, Asc: q.Asc}))
 }
 

@@ -243,3 +243,23 @@ func TestBrowserRunKeys(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "run-keys")
 }
+
+// One file uploaded twice: the second row says it is the same recording
+// as the first, with a link to it.
+func TestBrowserSameUploadTwice(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	first := recording(t, db, "graphs.pickle")
+	second := recording(t, db, "graphs.pickle")
+	other := recording(t, db, "ddp_rank0.pickle")
+	srv := serve(t, db)
+	dir := shotDir(t)
+	within(t, ctx, "navigate", chromedp.Navigate(srv.URL+"/"))
+	waitFor(t, ctx, "the list", `document.querySelectorAll("table.traces tbody tr").length === 3`)
+	badges := within(t, ctx, "badges", chromedp.Evaluate[map[string]string](`Object.fromEntries([...document.querySelectorAll("table.traces tbody tr")].map(tr =>
+		[tr.dataset.id, tr.querySelector(".badge.same")?.getAttribute("href") || ""]))`))
+	if badges[second.ID] != "/traces/"+first.ID || badges[first.ID] != "" || badges[other.ID] != "" {
+		t.Errorf("badges %v (first %s, second %s)", badges, first.ID, second.ID)
+	}
+	screenshot(t, ctx, dir, "list-same-upload")
+}
