@@ -15,7 +15,7 @@ type Listing struct {
 	Runs   map[string]RunRow // by the id of the trace a run is listed as
 	// Same names, for a trace listed, the trace stored before it that
 	// holds the same recording (SameRecording): one file uploaded twice.
-	Same map[string]string
+	Same   map[string]string
 	Total  int
 	Page   int
 	Per    int
