@@ -250,7 +250,7 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	res := &Result{Asked: o.Align, Align: o.Align, Group: o.Group}
 	if o.Align == Auto || o.Align == ByRequest {
 		for _, t := range sides {
-			r, err := readRequests(db, t.t, t.s.Seq)
+			r, err := readRequests(db, t.t)
 			if err != nil {
 				return nil, err
 			}
@@ -426,7 +426,7 @@ func align(a, b *trace, want Align) (Align, string) {
 			// An event's place is the number of requests up to it; a time
 			// is placed at the last event at or before it.
 			for i, seq := range t.s.Seq {
-				t.pos[i] = t.req.upTo[seq]
+				t.pos[i] = t.req.at(seq)
 			}
 			t.place = func(us int64) int64 {
 				if i := sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] > us }) - 1; i >= 0 {

@@ -2,6 +2,7 @@ package compare
 
 import (
 	"fmt"
+	"sync"
 
 	"vramscope/gpu"
 	"vramscope/store"
@@ -9,23 +10,95 @@ import (
 
 // requests are a trace's allocator requests (alloc and free requests;
 // segment events and completed frees are the allocator's answer, not the
-// program's asks): for each event, how many requests came up to it, and
-// the sizes of its alloc requests in order.
+// program's asks): how many came up to each event, and the sizes of its
+// alloc requests in order.
 type requests struct {
-	upTo  map[int64]int64 // by seq of the events Compare keeps
+	first int64
+	upTo  []uint32 // by seq - first: the requests up to and including that event
 	sizes []uint64
 }
 
-// readRequests counts the requests of trace id up to each of seqs (in
-// increasing order), reading its events a batch at a time.
-func readRequests(db *store.DB, t gpu.Trace, seqs []int64) (*requests, error) {
-	out := &requests{upTo: make(map[int64]int64, len(seqs))}
+// at is how many requests came up to and including event seq.
+func (r *requests) at(seq int64) int64 {
+	switch i := seq - r.first; {
+	case i < 0 || len(r.upTo) == 0:
+		return 0
+	case i >= int64(len(r.upTo)):
+		return int64(r.upTo[len(r.upTo)-1])
+	default:
+		return int64(r.upTo[i])
+	}
+}
+
+// requestCache keeps the requests of the traces last compared: the page
+// asks again at every zoom and click, and reading a trace of a million
+// events takes seconds.
+var requestCache = struct {
+	sync.Mutex
+	entries []requestEntry // most recent last
+}{}
+
+type requestEntry struct {
+	key requestKey
+	r   *requests
+}
+
+type requestKey struct {
+	id              string
+	lastSeq, events int64
+	status          gpu.TraceStatus
+}
+
+const maxCachedRequests = 4
+
+// readRequests reads the requests of trace t, or takes them from the
+// cache while the trace is as it was.
+func readRequests(db *store.DB, t gpu.Trace) (*requests, error) {
+	key := requestKey{t.ID, t.LastSeq, t.Events, t.Status}
+	c := &requestCache
+	c.Lock()
+	for i, e := range c.entries {
+		if e.key == key {
+			c.entries = append(append(c.entries[:i:i], c.entries[i+1:]...), e)
+			c.Unlock()
+			return e.r, nil
+		}
+	}
+	c.Unlock()
+	r, err := scanRequests(db, t)
+	if err != nil {
+		return nil, err
+	}
+	c.Lock()
+	defer c.Unlock()
+	kept := c.entries[:0]
+	for _, e := range c.entries {
+		if e.key.id != t.ID {
+			kept = append(kept, e)
+		}
+	}
+	if len(kept) >= maxCachedRequests {
+		kept = kept[1:]
+	}
+	c.entries = append(kept, requestEntry{key, r})
+	return r, nil
+}
+
+// scanRequests reads trace t's events a batch at a time.
+func scanRequests(db *store.DB, t gpu.Trace) (*requests, error) {
+	out := &requests{first: t.FirstSeq}
+	if t.LastSeq >= t.FirstSeq {
+		out.upTo = make([]uint32, 0, t.LastSeq-t.FirstSeq+1)
+	}
 	const batch = 1 << 16
-	n, k := int64(0), 0
-	for from := t.FirstSeq; from <= t.LastSeq && k < len(seqs); from += batch {
+	n := uint32(0)
+	for from := t.FirstSeq; from <= t.LastSeq; from += batch {
 		evs, err := db.Events(t.ID, from, min(from+batch, t.LastSeq+1))
 		if err != nil {
 			return nil, err
+		}
+		if len(evs) == 0 {
+			break
 		}
 		for i := range evs {
 			e := &evs[i]
@@ -36,17 +109,11 @@ func readRequests(db *store.DB, t gpu.Trace, seqs []int64) (*requests, error) {
 			case gpu.ActionFreeRequested:
 				n++
 			}
-			for k < len(seqs) && seqs[k] <= e.Seq {
-				out.upTo[seqs[k]] = n
-				k++
+			for int64(len(out.upTo)) < e.Seq-t.FirstSeq { // a gap: the count so far
+				out.upTo = append(out.upTo, n)
 			}
+			out.upTo = append(out.upTo, n)
 		}
-		if len(evs) == 0 {
-			break
-		}
-	}
-	for ; k < len(seqs); k++ {
-		out.upTo[seqs[k]] = n
 	}
 	return out, nil
 }
