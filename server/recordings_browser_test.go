@@ -59,6 +59,20 @@ func TestBrowserNoStackNamed(t *testing.T) {
 	}
 	screenshot(t, ctx, dir, "nostack-big-peak")
 
+	// An allocation without frames, selected: where it was made and its
+	// category stand in for the stack.
+	sel := within(t, ctx, "a block without frames", chromedp.Evaluate[int64](`(() => { const b = vramscopeLive.data.blocks;
+		return b.seq[b.stack.findIndex(s => s === 0)]; })()`))
+	within(t, ctx, "select it", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?e=%d&sel=%d&panel=selection", srv.URL, big.ID, big.PeakSeq, sel)))
+	waitFor(t, ctx, "its details", `document.querySelector("#panel-selection h3")?.textContent.startsWith("Allocation")`)
+	details := within(t, ctx, "details", chromedp.Text(`#panel-selection`))
+	for _, want := range []string{"backward (autograd thread) · no stack", "Where it was made: backward (autograd thread)", `stacks="all"`} {
+		if !strings.Contains(details, want) {
+			t.Errorf("allocation %d's details lack %q: %.500q", sel, want, details)
+		}
+	}
+	screenshot(t, ctx, dir, "nostack-selected")
+
 	// The page opens on the steps, not on the seconds of loading before
 	// them; the phases' strip has a legend; steps' labels fit their steps.
 	win := within(t, ctx, "window", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.regions.find(r => r.step === 0).start_us]`))
