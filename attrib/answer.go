@@ -205,3 +205,17 @@ func (c *Categorizer) BandCategories(bands []store.Band) (BandCategories, error)
 	}
 	return out, nil
 }
+
+// VerdictOf sorts one allocation, live or not (the selection's details).
+func (c *Categorizer) VerdictOf(a gpu.Allocation) (Verdict, error) {
+	set, err := c.db.Describe(c.trace.ID, []gpu.Block{{Addr: a.Addr, Size: a.Size, Requested: a.Requested, Stack: a.Stack, Seq: a.Seq,
+		State: gpu.BlockAllocated}})
+	if err != nil {
+		return Verdict{}, err
+	}
+	vs, err := c.Verdicts(set)
+	if err != nil || len(vs) == 0 {
+		return Verdict{Category: Unknown, Sure: Low}, err
+	}
+	return vs[0], nil
+}

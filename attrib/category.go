@@ -17,10 +17,18 @@ import (
 //	 1  user_metadata         the alloc event's user_metadata names one:      that category (high)
 //	                          param, optim, grad, activation, temp|workspace,
 //	                          comm|nccl
-//	 2  communication frames  torch/distributed/, deepspeed/comm/, c10d::,    communication (high on a
-//	                          ProcessGroupNCCL, nccl*, all_reduce, all_gather, side stream, else medium)
-//	                          reduce_scatter, all_to_all
+//	 2  communication         frames of torch/distributed/, deepspeed/comm/,  communication (high on a
+//	                          c10d::, ProcessGroupNCCL, nccl*, all_reduce,    side stream, else medium;
+//	                          all_gather, reduce_scatter, all_to_all, or      medium by a region alone)
+//	                          made inside a process group's region
+//	                          (gloo:all_reduce, nccl:..., c10d::...) but
+//	                          not by the autograd thread (rule 5)
 //	 3  workspace frames      a function named *workspace* (cuBLAS, cuDNN)    temporaries (medium)
+//	 3b workspace size        made without frames on the autograd thread      temporaries (low)
+//	                          (rule 5), never freed, and exactly the size of
+//	                          cuBLAS's default workspace (32 MiB from Hopper
+//	                          on, 8,519,680 B before): the workspace of the
+//	                          engine thread's own cuBLAS handle
 //	 4  optimizer             a frame in torch/optim/ (the step wrapper,      optimizer state when made by
 //	                          adam.py...), a step() in a file named *optim*,  _init_group, or alive when its
 //	                          or made inside an Optimizer.step region, and    optimizer step ended, when the
@@ -30,11 +38,12 @@ import (
 //	 5  autograd              the autograd engine (torch::autograd::Engine,   activations when nn.Module
 //	                          torch::autograd::generated::, AccumulateGrad),  frames are there too (recomputed);
 //	                          torch/autograd/ or Tensor.backward frames,      gradients when alive when the
-//	                          or made inside a backward region                next optimizer step began, or
-//	                                                                          across a step; temporaries when
-//	                                                                          freed before it; gradients (low)
-//	                                                                          when the trace has no later
-//	                                                                          optimizer step
+//	                          made inside a backward region, or made          next optimizer step began, or
+//	                          without frames (while other allocations have    across a step; temporaries when
+//	                          them: a thread without Python, the autograd     freed before it; gradients (low)
+//	                          engine's) between a step's start (or the last   when the trace has no later
+//	                          optimizer step) and its optimizer step          optimizer step; one sign less
+//	                                                                          when only its place says backward
 //	 6  parameter frames      nn.Module construction (__init__ in torch/nn/,  parameters (high when also
 //	                          reset_parameters), Module.to/cuda/_apply,       persistent, see 8)
 //	                          load_state_dict, from_pretrained, or a user
@@ -45,8 +54,9 @@ import (
 //	 8  lifetime              persistent: made before the first step (or      persistent state (low):
 //	                          before the trace) and alive across a step       parameters or optimizer state
 //	                          boundary, or never freed
-//	 9  stream                on a side stream (not the one holding most of   communication (low)
-//	                          the live bytes)
+//	 9  stream                on a side stream (not the one holding most of   side stream (low): a stream
+//	                          the live bytes)                                 alone is no sign of
+//	                                                                          communication
 //	10  otherwise                                                             unknown
 //
 // Sureness: high when two independent signs agree (a frame and the
@@ -63,6 +73,8 @@ const (
 	Activations    Category = "activations"
 	Temporaries    Category = "temporaries"
 	Communication  Category = "communication"
+	// SideStream is what was made on a side stream and nothing else names.
+	SideStream Category = "side stream"
 	// Persistent is what lives across training steps and no frame names:
 	// parameters or optimizer state.
 	Persistent Category = "persistent state"
@@ -70,13 +82,16 @@ const (
 )
 
 // AllCategories lists the categories in the order views show them.
-var AllCategories = []Category{Parameters, OptimizerState, Gradients, Activations, Temporaries, Communication, Persistent, Unknown}
+var AllCategories = []Category{Parameters, OptimizerState, Gradients, Activations, Temporaries, Communication, Persistent, SideStream, Unknown}
 
 // Verdict is a block's category, how sure it is, and the rule that gave it.
 type Verdict struct {
 	Category Category `json:"category"`
 	Sure     Sureness `json:"sure"`
 	Rule     string   `json:"rule"`
+	// Made names, for an allocation without frames, where it was made
+	// (Facts.Made): the views' groups say it beside "no stack".
+	Made string `json:"made,omitempty"`
 }
 
 // Sureness says how much a verdict rests on.
@@ -93,10 +108,19 @@ type Facts struct {
 	Stack    gpu.Stack
 	Metadata string
 	Stream   int64
+	Size     uint64 // the size asked for
 	// SideStream: the allocation is not on the stream holding most live bytes.
 	SideStream bool
 	// Phases are the phases of the annotated regions its alloc event fell in.
 	Phases []Phase
+	// AutogradThread: made without frames in a trace whose other
+	// allocations have them (a thread without Python: the autograd
+	// engine's) between a step's start, or the end of the optimizer step
+	// before, and an optimizer step: the backward, by its place alone.
+	AutogradThread bool
+	// Made names where an allocation without frames was made: the
+	// backward, an annotated region, before the recording.
+	Made string
 	// BeforeFirstStep: made before the first step began (or before the
 	// trace); false when the trace marks no steps.
 	BeforeFirstStep bool
@@ -273,18 +297,36 @@ func sure(agree bool) Sureness {
 
 // Categorize applies the rule table to one allocation.
 func Categorize(f *Facts) Verdict {
+	v := categorize(f)
+	v.Made = f.Made
+	return v
+}
+
+func verdict(c Category, s Sureness, rule string) Verdict {
+	return Verdict{Category: c, Sure: s, Rule: rule}
+}
+
+func categorize(f *Facts) Verdict {
 	if m := strings.ToLower(f.Metadata); m != "" {
 		for _, w := range metadataWords {
 			if containsAny(m, w.words...) {
-				return Verdict{w.cat, High, "user_metadata"}
+				return verdict(w.cat, High, "user_metadata")
 			}
 		}
 	}
 	if f.has(signComm) {
-		return Verdict{Communication, sure(f.SideStream), "communication frames"}
+		return verdict(Communication, sure(f.SideStream), "communication frames")
+	}
+	// A region is process-wide: what the autograd thread makes while
+	// another thread runs a collective is not the collective's.
+	if f.in(PhaseCommunication) && !f.AutogradThread {
+		return verdict(Communication, Medium, "communication region")
 	}
 	if f.has(signWorkspace) {
-		return Verdict{Temporaries, Medium, "workspace frames"}
+		return verdict(Temporaries, Medium, "workspace frames")
+	}
+	if f.AutogradThread && f.NeverFreed && (f.Size == 32<<20 || f.Size == 8519680) {
+		return verdict(Temporaries, Low, "workspace size")
 	}
 	// What a closure makes under the optimizer's step is the forward's or
 	// the backward's: rules 5 and 7 decide it.
@@ -294,38 +336,38 @@ func Categorize(f *Facts) Verdict {
 		lasts := f.OutlivesOptimizer == Yes || f.AliveAtOptimizer == Yes || f.AcrossStep || f.NeverFreed
 		switch {
 		case init || lasts:
-			return Verdict{OptimizerState, sure(byFrame && inOpt || (init || byFrame) && lasts), "optimizer"}
+			return verdict(OptimizerState, sure(byFrame && inOpt || (init || byFrame) && lasts), "optimizer")
 		case f.OutlivesOptimizer == No || f.OutlivesOptimizer == Unsure && f.AliveAtOptimizer == No:
-			return Verdict{Temporaries, sure(byFrame), "optimizer"}
+			return verdict(Temporaries, sure(byFrame), "optimizer")
 		}
-		return Verdict{OptimizerState, Low, "optimizer"}
+		return verdict(OptimizerState, Low, "optimizer")
 	}
-	if inBwd, byFrame := f.in(PhaseBackward), f.has(signAutograd); inBwd || byFrame {
+	if inBwd, byFrame := f.in(PhaseBackward), f.has(signAutograd); inBwd || byFrame || f.AutogradThread {
 		switch {
 		case f.has(signForward):
-			return Verdict{Activations, Medium, "autograd"} // recomputed (activation checkpointing)
+			return verdict(Activations, Medium, "autograd") // recomputed (activation checkpointing)
 		case f.AliveAtOptimizer == Yes || f.AcrossStep:
-			return Verdict{Gradients, sure(byFrame || inBwd), "autograd"}
+			return verdict(Gradients, sure(byFrame || inBwd), "autograd")
 		case f.AliveAtOptimizer == No:
-			return Verdict{Temporaries, sure(byFrame && inBwd), "autograd"}
+			return verdict(Temporaries, sure(byFrame && inBwd), "autograd")
 		}
-		return Verdict{Gradients, Low, "autograd"}
+		return verdict(Gradients, Low, "autograd")
 	}
 	persistent := (f.BeforeFirstStep || f.BeforeTrace) && (f.AcrossStep || f.NeverFreed)
 	if f.has(signParameter) {
-		return Verdict{Parameters, sure(persistent), "parameter frames"}
+		return verdict(Parameters, sure(persistent), "parameter frames")
 	}
 	if persistent && f.has(signUserInit) {
-		return Verdict{Parameters, High, "parameter frames"}
+		return verdict(Parameters, High, "parameter frames")
 	}
 	if f.in(PhaseForward) || f.has(signForward) {
-		return Verdict{Activations, Medium, "forward frames"}
+		return verdict(Activations, Medium, "forward frames")
 	}
 	if persistent {
-		return Verdict{Persistent, Low, "lifetime"}
+		return verdict(Persistent, Low, "lifetime")
 	}
 	if f.SideStream {
-		return Verdict{Communication, Low, "stream"}
+		return verdict(SideStream, Low, "stream")
 	}
-	return Verdict{Unknown, Low, "none"}
+	return verdict(Unknown, Low, "none")
 }

@@ -106,6 +106,8 @@ type Grouped struct {
 // step is one element of a block's path: a node's key, name and kind.
 type step struct {
 	key, name, kind, file string
+	fn                    string // the frame's function, whole ("" for a step that is no frame)
+	line                  uint64
 }
 
 // Group groups the live set ls.
@@ -118,6 +120,9 @@ func Group(ls *store.LiveSet, g Grouping, o Options) *Grouped {
 		if !ok {
 			p = path(ls.Stacks[b.Stack], g, o.AllFrames)
 			paths[b.Stack] = p
+		}
+		if len(ls.Stacks[b.Stack]) == 0 && i < len(o.Categories) && o.Categories[i].Made != "" {
+			p = unframed(o.Categories[i].Made)
 		}
 		if g == ByCategory {
 			c := Unknown
@@ -253,8 +258,14 @@ func sum(n *Node, ls *store.LiveSet) {
 	}
 }
 
-// noStack is the path of a block without a stack.
+// noStack is the path of a block without a stack and no word of where it
+// was made.
 var noStack = []step{{key: "none", name: "(no stack)", kind: "none"}}
+
+// unframed is the path of a block without a stack made where made says.
+func unframed(made string) []step {
+	return []step{{key: "none\x1f" + made, name: made + " · no stack", kind: "none"}}
+}
 
 // path is where a stack's blocks sit in the tree of grouping g.
 func path(s gpu.Stack, g Grouping, all bool) []step {
@@ -263,6 +274,21 @@ func path(s gpu.Stack, g Grouping, all bool) []step {
 	}
 	shown := func(f gpu.Frame) bool { return all || !gpu.KindOf(f).Hidden() }
 	var out []step
+	if name, named := gpu.OperatorName(s); name != "" {
+		// No Python frame: the autograd node and operator name it (in
+		// every grouping: all its frames are hidden by default).
+		out = append(out, step{key: "op\x1f" + name, name: name, kind: gpu.FrameNative.String()})
+		if all {
+			for _, f := range s[slices.Max(named)+1:] {
+				out = append(out, frameStep(f))
+			}
+			if g == ByStack {
+				slices.Reverse(out[1:])
+				out = append(out[1:], out[0])
+			}
+		}
+		return out
+	}
 	if g == ByFrame {
 		label, _ := gpu.FirstUserFrame(s)
 		i := slices.IndexFunc(s, func(f gpu.Frame) bool { return f == label })
@@ -290,7 +316,7 @@ func path(s gpu.Stack, g Grouping, all bool) []step {
 // and line.
 func frameStep(f gpu.Frame) step {
 	return step{key: f.Name + "\x1f" + f.Filename + "\x1f" + strconv.FormatUint(f.Line, 10), name: gpu.Label(f),
-		kind: gpu.KindOf(f).String(), file: f.Filename}
+		kind: gpu.KindOf(f).String(), file: f.Filename, fn: f.Name, line: f.Line}
 }
 
 // Delta is one group's live bytes in two traces.

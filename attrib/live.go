@@ -1,6 +1,9 @@
 package attrib
 
 import (
+	"cmp"
+	"errors"
+	"math"
 	"sort"
 	"strconv"
 	"sync"
@@ -58,6 +61,13 @@ type Categorizer struct {
 	// optimizer step separately (they are not merged across steps).
 	phases    map[Phase]spans
 	optimizer []Region
+	// backward are the spans where an allocation without frames is the
+	// autograd engine's (Facts.AutogradThread): from a step's start, or
+	// the end of the optimizer step before, to an optimizer step; none
+	// when the trace has no stacks at all (nothing then tells threads
+	// apart).
+	backward spans
+	stacks   bool // the trace has stacks
 
 	mu        sync.Mutex                  // guards alive, signs and stepPeaks: a categorizer serves concurrent requests
 	alive     map[int64]map[blockKey]bool // the allocations live at boundaries looked at
@@ -91,10 +101,62 @@ func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
 			c.optimizer = append(c.optimizer, r)
 		}
 	}
-	for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+	for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad, PhaseCommunication} {
 		c.phases[p] = spansOf(c.regions, func(r *Region) bool { return r.Phase == p })
 	}
+	if _, err := db.Stack(id, 1); err == nil { // stacks are numbered from 1: the trace has some
+		c.stacks, c.backward = true, backwardSpans(c.steps, c.optimizer)
+	} else if !errors.Is(err, store.ErrNotFound) {
+		return nil, err
+	}
 	return c, nil
+}
+
+// backwardSpans are the spans from each optimizer step back to the start
+// of its training step or the end of the optimizer step before, whichever
+// is later.
+func backwardSpans(steps []int64, opt []Region) spans {
+	var out spans
+	prevEnd := int64(math.MinInt64)
+	for _, o := range opt {
+		lo := prevEnd
+		if i := sort.Search(len(steps), func(i int) bool { return steps[i] > o.StartUS }); i > 0 {
+			lo = max(lo, steps[i-1])
+		}
+		if lo < o.StartUS {
+			out = append(out, [2]int64{lo, o.StartUS})
+		}
+		prevEnd = max(prevEnd, o.EndUS)
+	}
+	return out
+}
+
+// madeAt names where an allocation without frames made at t was: the
+// backward (by its place), else the innermost annotated region holding t.
+func (c *Categorizer) madeAt(t int64, before bool) (string, bool) {
+	switch {
+	case before:
+		return "before the recording", false
+	case !c.stacks:
+		return "no stacks recorded", false
+	}
+	if c.backward.at(t) >= 0 {
+		return "backward (autograd thread)", true
+	}
+	in := -1
+	for i := range c.regions {
+		r := &c.regions[i]
+		if r.StartUS > t {
+			break
+		}
+		if t < r.EndUS && (in < 0 || r.Depth >= c.regions[in].Depth) {
+			in = i
+		}
+	}
+	if in >= 0 {
+		return "in " + c.regions[in].Name, false
+	}
+	return "a thread without Python frames", false
 }
 
 // Regions are the trace's annotated regions, in order of start.
@@ -290,6 +352,9 @@ func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, rd r
 			return nil, err
 		}
 		f.Stack = ls.Stacks[b.Stack]
+		if len(f.Stack) == 0 {
+			f.Made, f.AutogradThread = c.madeAt(b.AllocUS, b.Seq < 0)
+		}
 		f.signs = c.signsOf(b.Stack, f.Stack)
 		out[i] = Categorize(f)
 		if memo != nil {
@@ -393,7 +458,7 @@ func mainStream(ls *store.LiveSet) int64 {
 
 // facts gathers what the rules ask of block b, live in then's set.
 func (c *Categorizer) facts(b *store.LiveBlock, main int64, then *later) (*Facts, error) {
-	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
+	f := &Facts{Metadata: b.UserMetadata, Stream: b.Stream, Size: cmp.Or(b.Requested, b.Size), SideStream: b.Stream != main, BeforeTrace: b.Seq < 0}
 	end, err := c.aliveAt(c.trace.LastUS, then.rd)
 	if err != nil {
 		return nil, err
@@ -401,7 +466,7 @@ func (c *Categorizer) facts(b *store.LiveBlock, main int64, then *later) (*Facts
 	f.NeverFreed = end[keyOf(&b.Block)]
 	made := b.AllocUS
 	if b.Seq >= 0 {
-		for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad} {
+		for _, p := range []Phase{PhaseForward, PhaseBackward, PhaseOptimizer, PhaseZeroGrad, PhaseCommunication} {
 			if c.phases[p].at(made) >= 0 {
 				f.Phases = append(f.Phases, p)
 			}

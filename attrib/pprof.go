@@ -1,9 +1,9 @@
 package attrib
 
 import (
+	"cmp"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
 
 	"github.com/google/pprof/profile"
@@ -14,9 +14,10 @@ import (
 // Profile is the live set as a pprof profile, which go tool pprof and
 // every pprof UI read (JAX's device memory profiles are the same): sample
 // types inuse_objects and inuse_space, one sample per live allocation,
-// one location per frame. A sample's stack starts at the frame that
-// labels the allocation (gpu.FirstUserFrame, as the page's table groups
-// them) and goes out through its callers, hidden kinds left out unless
+// one location per frame. A sample's stack starts where the page's table
+// groups the allocation (its first user frame, the autograd node and
+// operator of a stack without Python frames, or where one without frames
+// was made) and goes out through its callers, hidden kinds left out unless
 // all; functions are named by gpu.Label ("model.py:54 forward"), so
 // pprof's rows read as the page's. Labels: the allocation's address,
 // category and sureness; numeric labels bytes, requested, seq and stream.
@@ -33,16 +34,15 @@ func Profile(l *Live, t gpu.Trace, all bool) *profile.Profile {
 	}
 	locs := map[string]*profile.Location{}
 	funcs := map[string]*profile.Function{}
-	locOf := func(f gpu.Frame) *profile.Location {
-		s := frameStep(f)
+	locOf := func(s step) *profile.Location {
 		if loc, ok := locs[s.key]; ok {
 			return loc
 		}
 		fn := funcs[s.key]
 		if fn == nil {
-			fn = &profile.Function{ID: uint64(len(p.Function) + 1), Name: s.name, SystemName: f.Name, Filename: f.Filename}
-			if f.Line < 1<<63 {
-				fn.StartLine = int64(f.Line)
+			fn = &profile.Function{ID: uint64(len(p.Function) + 1), Name: s.name, SystemName: cmp.Or(s.fn, s.name), Filename: s.file}
+			if s.line < 1<<63 {
+				fn.StartLine = int64(s.line)
 			}
 			funcs[s.key] = fn
 			p.Function = append(p.Function, fn)
@@ -52,24 +52,28 @@ func Profile(l *Live, t gpu.Trace, all bool) *profile.Profile {
 		p.Location = append(p.Location, loc)
 		return loc
 	}
-	noStack := locOf(gpu.Frame{Name: "(no stack)"})
-	stacks := map[gpu.StackID][]*profile.Location{}
+	type stackKey struct {
+		id   gpu.StackID
+		made string
+	}
+	stacks := map[stackKey][]*profile.Location{}
 	for i := range l.Blocks {
 		b := &l.Blocks[i]
-		st, ok := stacks[b.Stack]
+		k := stackKey{id: b.Stack}
+		if len(l.Stacks[b.Stack]) == 0 && i < len(l.Verdicts) {
+			k.made = l.Verdicts[i].Made
+		}
+		st, ok := stacks[k]
 		if !ok {
-			st = []*profile.Location{noStack}
-			if s := l.Stacks[b.Stack]; len(s) > 0 {
-				label, _ := gpu.FirstUserFrame(s)
-				at := slices.Index(s, label)
-				st = []*profile.Location{locOf(label)}
-				for _, f := range s[at+1:] {
-					if all || !gpu.KindOf(f).Hidden() {
-						st = append(st, locOf(f))
-					}
-				}
+			// The page's path of the block (Group, by frame).
+			steps := path(l.Stacks[b.Stack], ByFrame, all)
+			if k.made != "" {
+				steps = unframed(k.made)
 			}
-			stacks[b.Stack] = st
+			for _, s := range steps {
+				st = append(st, locOf(s))
+			}
+			stacks[k] = st
 		}
 		v := Verdict{Category: Unknown, Sure: Low}
 		if i < len(l.Verdicts) {

@@ -77,7 +77,7 @@ func checkProfile(t *testing.T, db *store.DB, tr gpu.Trace, seq int64) {
 	if objects != int64(len(l.Blocks)) || space != int64(l.Bytes()) {
 		t.Fatalf("profile: %d objects, %d bytes; live set %d, %d", objects, space, len(l.Blocks), l.Bytes())
 	}
-	page := attrib.Group(l.LiveSet, attrib.ByFrame, attrib.Options{})
+	page := attrib.Group(l.LiveSet, attrib.ByFrame, attrib.Options{Categories: l.Verdicts})
 	n := min(8, len(page.Rows))
 	names, flat := pprofTop(t, file, n)
 	if len(names) != n {

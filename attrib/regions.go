@@ -34,6 +34,9 @@ const (
 	PhaseBackward  Phase = "backward"
 	PhaseOptimizer Phase = "optimizer" // Optimizer.step#...: PyTorch's optimizers name it so
 	PhaseZeroGrad  Phase = "zero_grad"
+	// PhaseCommunication: a process group's collective (gloo:all_reduce,
+	// nccl:all_gather, c10d::broadcast_).
+	PhaseCommunication Phase = "communication"
 )
 
 // stepName reads a step number from a region's name: PyTorch profiler's
@@ -58,6 +61,9 @@ func stepOf(name string) int {
 func phaseOf(name string) Phase {
 	n := strings.ToLower(name)
 	switch {
+	case strings.HasPrefix(n, "gloo:") || strings.HasPrefix(n, "nccl:") || strings.HasPrefix(n, "c10d::") || strings.HasPrefix(n, "mpi:") ||
+		containsAny(n, "all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "all_to_all", "broadcast"):
+		return PhaseCommunication
 	case strings.Contains(n, "zero_grad"):
 		return PhaseZeroGrad
 	case strings.HasPrefix(n, "optimizer.step") || strings.Contains(n, "optimizer"):

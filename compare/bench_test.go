@@ -10,7 +10,10 @@ import (
 
 // BenchmarkCompare is one comparison (by step, grouped by first user
 // frame, the what-if replays left out): two GPT-2-XL-sized training runs
-// of 50 steps with and without checkpointing, and two real cs336 snapshots.
+// of 50 steps with and without checkpointing, two real cs336 snapshots,
+// and the 951,877-event PyTorch 2.11 recording with itself by time and as
+// the page opens it (auto: its requests read to find it is one program,
+// then aligned by request; their requests read anew, or kept).
 func BenchmarkCompare(b *testing.B) {
 	b.Run("train", func(b *testing.B) {
 		db := testkit.OpenDB(b)
@@ -40,4 +43,26 @@ func BenchmarkCompare(b *testing.B) {
 			}
 		}
 	})
+	// auto-cold reads both traces' requests each time, as the first
+	// comparison of them does; auto keeps them, as the page's next
+	// questions (a zoom, a click) find them.
+	for _, c := range []struct {
+		name string
+		al   compare.Align
+		cold bool
+	}{{"time", compare.ByTime, false}, {"auto-cold", compare.Auto, true}, {"auto", compare.Auto, false}} {
+		b.Run("big211/"+c.name, func(b *testing.B) {
+			db := testkit.OpenDB(b)
+			ids := importSnapshots(b, db, "../pytorch-2.11/big.pickle.gz", "../pytorch-2.11/big.pickle.gz")
+			b.ResetTimer()
+			for b.Loop() {
+				if c.cold {
+					compare.ForgetRequests()
+				}
+				if _, err := compare.Compare(db, ids[0], ids[1], compare.Options{Align: c.al}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
 }

@@ -1,5 +1,5 @@
 // Package compare puts two traces side by side: their usage on one axis
-// (aligned by time, by training step or by event index), their allocator
+// (aligned by time, by training step, by event index or by request), their allocator
 // settings, peaks and the memory each needs, and, at each one's peak and
 // where they differ most, the live bytes by code location in each and the
 // difference (attrib.Group and attrib.Diff). The web page, the JSON API
@@ -27,17 +27,26 @@ const (
 	ByStep Align = "step"
 	// ByEvent: the event index since each trace's first event.
 	ByEvent Align = "event"
+	// ByRequest: the number of requests (alloc and free requests; segment
+	// events and completed frees left out) since each trace's first
+	// event. The same program under two allocator settings makes the same
+	// requests: at each request both hold the same allocations, and what
+	// differs is the allocator's (reserved, cached, memory needed).
+	ByRequest Align = "request"
+	// Auto: by request when both traces make the same requests (the same
+	// alloc sizes in the same order), else by time.
+	Auto Align = "auto"
 )
 
-// ParseAlign reads an alignment's name; "" is ByTime.
+// ParseAlign reads an alignment's name; "" is Auto.
 func ParseAlign(s string) (Align, error) {
 	switch a := Align(s); a {
 	case "":
-		return ByTime, nil
-	case ByTime, ByStep, ByEvent:
+		return Auto, nil
+	case ByTime, ByStep, ByEvent, ByRequest, Auto:
 		return a, nil
 	}
-	return "", fmt.Errorf("alignment %q is none of time, step, event", s)
+	return "", fmt.Errorf("alignment %q is none of time, step, event, request, auto", s)
 }
 
 // Options tune a comparison.
@@ -46,8 +55,10 @@ type Options struct {
 	Group attrib.Grouping
 	// Columns is how many columns the timeline has (DefaultColumns when 0).
 	Columns int
-	// X0, X1 is the window of the aligned axis the timeline covers; the
-	// whole of both traces when X1 <= X0.
+	// X0, X1 is the window of the aligned axis the timeline covers; when
+	// X1 <= X0, the steps of both traces when they have any (a run's
+	// loading before them would crush them into its end), else both
+	// traces whole.
 	X0, X1 int64
 	// At, when set, adds a moment at that place of the aligned axis.
 	At *int64
@@ -132,6 +143,7 @@ type Point struct {
 	Seq       int64  `json:"seq"`
 	TimeUS    int64  `json:"t"`
 	Allocated uint64 `json:"allocated"`
+	Reserved  uint64 `json:"reserved"`
 }
 
 // Moment is one aligned instant and what was live there in each trace.
@@ -141,8 +153,10 @@ type Moment struct {
 	X     int64  `json:"x"`
 	A     Point  `json:"a"`
 	B     Point  `json:"b"`
-	// Divergence is B's allocated bytes minus A's.
-	Divergence int64 `json:"divergence"`
+	// Divergence is B's allocated bytes minus A's; ReservedDelta B's
+	// reserved bytes minus A's.
+	Divergence    int64 `json:"divergence"`
+	ReservedDelta int64 `json:"reserved_delta"`
 	// Rows are the groups of both live sets, largest |B - A| first: the
 	// first Options.Rows of RowsTotal.
 	Rows      []attrib.Delta `json:"rows"`
@@ -157,8 +171,12 @@ type Timeline struct {
 	N  int   `json:"n"`
 	A  Usage `json:"a"`
 	B  Usage `json:"b"`
-	// Unit is what the axis counts: "us" or "event".
+	// Unit is what the axis counts: "us", "event" or "request".
 	Unit string `json:"unit"`
+	// Whole is the window that holds both traces whole; Steps says that
+	// [X0, X1] is the steps' window, chosen as no window was asked for.
+	Whole [2]int64 `json:"whole"`
+	Steps bool     `json:"steps_window,omitempty"`
 }
 
 // Usage is one trace's allocated bytes (least and greatest) and reserved
@@ -176,14 +194,19 @@ type Result struct {
 	// Align is the alignment used; Asked the one asked for, and Note why
 	// they differ (a trace without steps is aligned by time, one without
 	// times by event).
-	Align    Align           `json:"align"`
-	Asked    Align           `json:"align_asked"`
-	Note     string          `json:"align_note,omitempty"`
-	Group    attrib.Grouping `json:"group"`
-	Settings []Setting       `json:"settings"`
-	Figures  []Figure        `json:"figures"`
-	Timeline Timeline        `json:"timeline"`
-	Moments  []Moment        `json:"moments"`
+	Align Align  `json:"align"`
+	Asked Align  `json:"align_asked"`
+	Note  string `json:"align_note,omitempty"`
+	// SameProgram: both traces make the same requests (the same alloc
+	// sizes in the same order); Reading says what differs between them
+	// then (the allocator's figures), or why they are not one program's.
+	SameProgram bool            `json:"same_program"`
+	Reading     string          `json:"reading,omitempty"`
+	Group       attrib.Grouping `json:"group"`
+	Settings    []Setting       `json:"settings"`
+	Figures     []Figure        `json:"figures"`
+	Timeline    Timeline        `json:"timeline"`
+	Moments     []Moment        `json:"moments"`
 }
 
 // trace is one side as Compare works on it.
@@ -197,12 +220,13 @@ type trace struct {
 	// place is the aligned position of a time of the trace.
 	place  func(us int64) int64
 	groups map[int64]*attrib.Grouped // the live sets grouped, by seq
+	req    *requests                 // read when aligning by request, or choosing
 }
 
 // Compare compares traces a and b of db.
 func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	if o.Align == "" {
-		o.Align = ByTime
+		o.Align = Auto
 	}
 	if o.Group == "" {
 		o.Group = attrib.ByFrame
@@ -224,6 +248,31 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	}
 	ta, tb := sides[0], sides[1]
 	res := &Result{Asked: o.Align, Align: o.Align, Group: o.Group}
+	if o.Align == Auto || o.Align == ByRequest {
+		for _, t := range sides {
+			r, err := readRequests(db, t.t)
+			if err != nil {
+				return nil, err
+			}
+			t.req = r
+		}
+		var why string
+		res.SameProgram, why = sameProgram(ta.req.sizes, tb.req.sizes)
+		switch {
+		case res.SameProgram:
+			res.Reading = "The same program: both traces make the same requests (alloc sizes, in order). Aligned by request, " +
+				"each moment reads both at the same request, where both hold the same allocations (their blocks' sizes differ only by " +
+				"the allocator's rounding and splitting): what differs is the allocator's (reserved, cached but not allocated, memory needed)"
+		case o.Align == ByRequest:
+			res.Reading = "Not the same program: " + why + "; by request, the same place may be different work in each"
+		}
+		if o.Align == Auto {
+			o.Align = ByTime
+			if res.SameProgram {
+				o.Align = ByRequest
+			}
+		}
+	}
 	res.Align, res.Note = align(ta, tb, o.Align)
 
 	// The replays that find the memory needed run while the rest is read.
@@ -252,11 +301,19 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 		ia, ib     int
 	}
 	pa, pb := ta.peak(), tb.peak()
-	xa, xb, xd := ta.posOf(pa), tb.posOf(pb), divergence(ta, tb)
+	xa, xb := ta.posOf(pa), tb.posOf(pb)
+	// By request both hold the same allocations everywhere: they differ
+	// most in what the allocator reserved.
+	reserved := res.Align == ByRequest
+	xd := divergence(ta, tb, reserved)
+	most := "Largest divergence"
+	if reserved {
+		most = "Most apart in reserved"
+	}
 	moments := []at{
 		{"peak_a", "A's peak", xa, pa, tb.index(xa)},
 		{"peak_b", "B's peak", xb, ta.index(xb), pb},
-		{"divergence", "Largest divergence", xd, ta.index(xd), tb.index(xd)},
+		{"divergence", most, xd, ta.index(xd), tb.index(xd)},
 	}
 	if o.At != nil {
 		moments = append(moments, at{"at", "Chosen instant", *o.At, ta.index(*o.At), tb.index(*o.At)})
@@ -271,7 +328,7 @@ func Compare(db *store.DB, a, b string, o Options) (*Result, error) {
 	}
 	n := <-needed
 	res.A.Needed, res.B.Needed = n[0], n[1]
-	res.Figures = figures(res.A, res.B)
+	res.Figures = figures(res.A, res.B, ta, tb)
 	return res, nil
 }
 
@@ -360,8 +417,25 @@ func align(a, b *trace, want Align) (Align, string) {
 		}
 		want = ByTime
 	}
+	if want == ByRequest && (a.req == nil || b.req == nil) {
+		want, note = ByTime, "the requests were not read: aligned by time"
+	}
 	for _, t := range []*trace{a, b} {
 		t.pos = make([]int64, len(t.s.Seq))
+		if want == ByRequest {
+			// An event's place is the number of requests up to it; a time
+			// is placed at the last event at or before it.
+			for i, seq := range t.s.Seq {
+				t.pos[i] = t.req.at(seq)
+			}
+			t.place = func(us int64) int64 {
+				if i := sort.Search(len(t.s.TimeUS), func(i int) bool { return t.s.TimeUS[i] > us }) - 1; i >= 0 {
+					return t.pos[i]
+				}
+				return 0
+			}
+			continue
+		}
 		if want == ByEvent {
 			// An event's place is its index since the first (its seq's
 			// distance: the events kept of a sampled trace keep theirs);
@@ -436,9 +510,16 @@ func (t *trace) index(x int64) int {
 // point is the instant right after event index i (-1: before the first).
 func (t *trace) point(i int) Point {
 	if i < 0 {
-		return Point{Seq: -1, TimeUS: t.t.FirstUS, Allocated: t.s.Initial.Allocated}
+		return Point{Seq: -1, TimeUS: t.t.FirstUS, Allocated: t.s.Initial.Allocated, Reserved: t.s.Initial.Reserved}
 	}
-	return Point{Seq: t.s.Seq[i], TimeUS: t.s.TimeUS[i], Allocated: t.s.Allocated[i]}
+	return Point{Seq: t.s.Seq[i], TimeUS: t.s.TimeUS[i], Allocated: t.s.Allocated[i], Reserved: t.s.Reserved[i]}
+}
+
+func (t *trace) reserved(i int) uint64 {
+	if i < 0 {
+		return t.s.Initial.Reserved
+	}
+	return t.s.Reserved[i]
 }
 
 func (t *trace) allocated(i int) uint64 {
@@ -472,8 +553,13 @@ func (t *trace) posOf(i int) int64 {
 }
 
 // divergence is the first aligned position, where both traces are
-// recorded, at which their allocated bytes differ most.
-func divergence(a, b *trace) int64 {
+// recorded, at which their allocated bytes (reserved bytes when reserved)
+// differ most.
+func divergence(a, b *trace, reserved bool) int64 {
+	bytes := (*trace).allocated
+	if reserved {
+		bytes = (*trace).reserved
+	}
 	lo, hi := int64(-1<<62), int64(1<<62)
 	for _, t := range []*trace{a, b} {
 		if n := len(t.pos); n > 0 {
@@ -487,7 +573,7 @@ func divergence(a, b *trace) int64 {
 		hi = lo
 	}
 	i, j := a.index(lo), b.index(lo)
-	best, bestX := diff(a.allocated(i), b.allocated(j)), lo
+	best, bestX := diff(bytes(a, i), bytes(b, j)), lo
 	for {
 		// The next position either trace moves at.
 		x := int64(1 << 62)
@@ -506,7 +592,7 @@ func divergence(a, b *trace) int64 {
 		for j+1 < len(b.pos) && b.pos[j+1] <= x {
 			j++
 		}
-		if d := diff(a.allocated(i), b.allocated(j)); d > best {
+		if d := diff(bytes(a, i), bytes(b, j)); d > best {
 			best, bestX = d, x
 		}
 	}
@@ -525,20 +611,13 @@ func (t *trace) grouped(db *store.DB, seq int64, o Options) (*attrib.Grouped, er
 	if g, ok := t.groups[seq]; ok {
 		return g, nil
 	}
-	var g *attrib.Grouped
-	if o.Group == attrib.ByCategory { // only categories need the verdicts
-		l, err := t.cats.At(attrib.Instant{BySeq: true, Seq: seq})
-		if err != nil {
-			return nil, err
-		}
-		g = attrib.Group(l.LiveSet, o.Group, attrib.Options{Categories: l.Verdicts})
-	} else {
-		ls, err := db.LiveAtSeq(t.t.ID, seq)
-		if err != nil {
-			return nil, err
-		}
-		g = attrib.Group(ls, o.Group, attrib.Options{})
+	// The verdicts name the groups without frames (where they were made)
+	// and give the categories.
+	l, err := t.cats.At(attrib.Instant{BySeq: true, Seq: seq})
+	if err != nil {
+		return nil, err
 	}
+	g := attrib.Group(l.LiveSet, o.Group, attrib.Options{Categories: l.Verdicts})
 	t.groups[seq] = g
 	return g, nil
 }
@@ -562,6 +641,7 @@ func moment(db *store.DB, a, b *trace, x int64, at [2]int, o Options) (Moment, e
 		}
 	}
 	m.Divergence = int64(m.B.Allocated) - int64(m.A.Allocated)
+	m.ReservedDelta = int64(m.B.Reserved) - int64(m.A.Reserved)
 	rows := attrib.Diff(groups[0], groups[1])
 	m.RowsTotal = len(rows)
 	if o.Rows >= 0 && len(rows) > o.Rows {
@@ -574,7 +654,7 @@ func moment(db *store.DB, a, b *trace, x int64, at [2]int, o Options) (Moment, e
 	return m, nil
 }
 
-func figures(a, b Side) []Figure {
+func figures(a, b Side, ta, tb *trace) []Figure {
 	fig := func(key, label string, x, y uint64) Figure {
 		return Figure{Key: key, Label: label, A: x, B: y, Delta: int64(y) - int64(x), Known: true}
 	}
@@ -591,7 +671,7 @@ func figures(a, b Side) []Figure {
 		need.Known, need.Delta = false, 0
 		need.Note = "more than the replays try for a trace"
 	}
-	return append(out, need)
+	return append(out, need, fig("most_cached", "Most cached, not allocated", ta.mostCached(), tb.mostCached()))
 }
 
 func neededNote(a, b Needed) string {
@@ -606,4 +686,14 @@ func neededNote(a, b Needed) string {
 		}
 	}
 	return "could not run"
+}
+
+// mostCached is the most bytes the allocator held reserved but not
+// allocated after any event: what its caching cost at worst.
+func (t *trace) mostCached() uint64 {
+	most := t.s.Initial.Reserved - min(t.s.Initial.Reserved, t.s.Initial.Allocated)
+	for i, r := range t.s.Reserved {
+		most = max(most, r-min(r, t.s.Allocated[i]))
+	}
+	return most
 }

@@ -412,3 +412,99 @@ func TestCompareSettings(t *testing.T) {
 		t.Errorf("settings %+v", r.Settings)
 	}
 }
+
+// The same 6-step program recorded under the default settings and under
+// expandable_segments:True (PyTorch 2.11 on an H200): compared without an
+// alignment asked for, it is aligned by request and says it is one
+// program; every moment reads both at the same request, where what is
+// allocated is the same (within the allocator's rounding: 1 %), and no
+// group differs by more than that, while the allocator's figures
+// (reserved) do; the plot opens on the steps, not on the model's loading.
+// By time, the same moments were gigabytes apart.
+func TestCompareSameProgramByRequest(t *testing.T) {
+	db := testkit.OpenDB(t)
+	ids := importSnapshots(t, db, "../pytorch-2.11/train_default.pickle", "../pytorch-2.11/train_expandable.pickle")
+	r, err := compare.Compare(db, ids[0], ids[1], compare.Options{Rows: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Align != compare.ByRequest || !r.SameProgram || !strings.Contains(r.Reading, "allocator's") || r.Timeline.Unit != "request" {
+		t.Fatalf("aligned by %s (asked %s), same program %v: %q", r.Align, r.Asked, r.SameProgram, r.Reading)
+	}
+	within := func(a, b uint64) bool { return diffU(a, b)*100 <= max(a, b) }
+	for _, m := range r.Moments {
+		if !within(m.A.Allocated, m.B.Allocated) {
+			t.Errorf("%s at request %d: A %d B %d allocated", m.Key, m.X, m.A.Allocated, m.B.Allocated)
+		}
+		for _, d := range m.Rows {
+			if diffU(d.A, d.B)*100 > m.A.Allocated {
+				t.Errorf("%s: group %q differs by %d B", m.Key, d.Label, d.Delta)
+			}
+			if d.Label == "(no stack)" {
+				t.Errorf("%s: a group is %q alone", m.Key, d.Label)
+			}
+		}
+	}
+	reserved := map[string]compare.Figure{}
+	for _, f := range r.Figures {
+		reserved[f.Key] = f
+	}
+	if f := reserved["peak_reserved"]; f.Delta >= 0 || !within(r.A.PeakAllocated, r.B.PeakAllocated) {
+		t.Errorf("peak reserved %+v, peaks allocated %d and %d", f, r.A.PeakAllocated, r.B.PeakAllocated)
+	}
+	if f, ok := reserved["most_cached"]; !ok || f.A == 0 {
+		t.Errorf("most cached: %+v", f)
+	}
+	// The steps fill the plot: by request the model's loading is a few
+	// requests; by time, its seconds are left out of the opening window.
+	stepsFill := func(r *compare.Result) {
+		t.Helper()
+		tl := r.Timeline
+		if tl.X1 != tl.Whole[1] || tl.X0 < tl.Whole[0] {
+			t.Errorf("%s: window [%d, %d] of [%d, %d]", r.Align, tl.X0, tl.X1, tl.Whole[0], tl.Whole[1])
+		}
+		if len(r.A.Steps) != 6 || len(r.B.Steps) != 6 {
+			t.Fatalf("steps %+v and %+v", r.A.Steps, r.B.Steps)
+		}
+		first := min(r.A.Steps[0].X, r.B.Steps[0].X)
+		if first < tl.X0 || float64(first-tl.X0) > 0.05*float64(tl.X1-tl.X0) {
+			t.Errorf("%s: steps %+v and %+v in the window [%d, %d]", r.Align, r.A.Steps, r.B.Steps, tl.X0, tl.X1)
+		}
+	}
+	stepsFill(r)
+	// By time, the moments read different work in each.
+	byTime, err := compare.Compare(db, ids[0], ids[1], compare.Options{Align: compare.ByTime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stepsFill(byTime)
+	if !byTime.Timeline.Steps {
+		t.Errorf("by time the window is not the steps': %+v", byTime.Timeline.Whole)
+	}
+	t.Logf("A's peak: B − A %d B by request, %d B by time", r.Moments[0].Divergence, byTime.Moments[0].Divergence)
+
+	// Two different programs are not aligned by request unless asked,
+	// and then the page says they differ.
+	other := importSnapshots(t, db, "../pytorch-2.11/train_stacks_all.pickle")[0]
+	r, err = compare.Compare(db, ids[0], other, compare.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Align != compare.ByTime || r.SameProgram {
+		t.Errorf("two programs: aligned by %s, same program %v", r.Align, r.SameProgram)
+	}
+	r, err = compare.Compare(db, ids[0], other, compare.Options{Align: compare.ByRequest})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Align != compare.ByRequest || !strings.HasPrefix(r.Reading, "Not the same program: their alloc requests differ from the ") {
+		t.Errorf("two programs by request: %s, %q", r.Align, r.Reading)
+	}
+}
+
+func diffU(a, b uint64) uint64 {
+	if a > b {
+		return a - b
+	}
+	return b - a
+}

@@ -1,28 +1,45 @@
 package compare
 
 // timeline is both traces' usage in o.Columns columns over the window
-// o asks for, or over both traces.
+// o asks for, else over their steps, else over both traces.
 func timeline(a, b *trace, al Align, o Options) Timeline {
-	x0, x1 := o.X0, o.X1
+	w0, w1 := int64(1<<62), int64(-1<<62)
+	for _, t := range []*trace{a, b} {
+		if n := len(t.pos); n > 0 {
+			w0, w1 = min(w0, t.pos[0]), max(w1, t.pos[n-1])
+		}
+	}
+	if w1 < w0 { // neither trace has an event
+		w0, w1 = 0, 0
+	}
+	if w1 <= w0 {
+		w0, w1 = min(w0, 0), max(w1, 0)+1
+	}
+	x0, x1, steps := o.X0, o.X1, false
 	if x1 <= x0 {
-		x0, x1 = int64(1<<62), int64(-1<<62)
+		x0, x1 = w0, w1
+		// From the first step on, with a fiftieth of the steps' span before.
+		first := int64(1 << 62)
 		for _, t := range []*trace{a, b} {
-			if n := len(t.pos); n > 0 {
-				x0, x1 = min(x0, t.pos[0]), max(x1, t.pos[n-1])
+			if len(t.steps) > 0 {
+				first = min(first, t.place(t.steps[0].StartUS))
 			}
 		}
-		if x1 < x0 { // neither trace has an event
-			x0, x1 = 0, 0
-		}
-		if x1 <= x0 {
-			x0, x1 = min(x0, 0), max(x1, 0)+1
+		if first < 1<<62 {
+			if s0 := max(w0, first-(w1-first)/50); s0 > w0 && s0 < w1 {
+				x0, steps = s0, true
+			}
 		}
 	}
 	unit := "us"
-	if al == ByEvent {
+	switch al {
+	case ByEvent:
 		unit = "event"
+	case ByRequest:
+		unit = "request"
 	}
-	return Timeline{X0: x0, X1: x1, N: o.Columns, A: usage(a, x0, x1, o.Columns), B: usage(b, x0, x1, o.Columns), Unit: unit}
+	return Timeline{X0: x0, X1: x1, N: o.Columns, A: usage(a, x0, x1, o.Columns), B: usage(b, x0, x1, o.Columns), Unit: unit,
+		Whole: [2]int64{w0, w1}, Steps: steps}
 }
 
 // usage is a trace's least and greatest allocated bytes and greatest

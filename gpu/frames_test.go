@@ -1,6 +1,7 @@
 package gpu_test
 
 import (
+	"strings"
 	"testing"
 
 	"vramscope/gpu"
@@ -87,5 +88,60 @@ func TestFirstUserFrameOfRealStacks(t *testing.T) {
 			t.Errorf("%s: none of %d stacks has a user frame", file, stacks)
 		}
 		t.Logf("%s: %d of %d stacks labelled by a user frame", file, users, stacks)
+	}
+}
+
+// A recording with C++ frames (PyTorch 2.11, stacks="all"): every stack
+// without a Python frame (the autograd engine's thread) is named by its
+// autograd node and operator, never by a helper that only made the
+// output (create_out, empty, _to_copy, zeros).
+func TestOperatorNamesOfBackwardStacks(t *testing.T) {
+	ts, err := pytorch.DecodeFile(testkit.Snapshot(t, "../pytorch-2.11/train_stacks_all.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	names := map[string]int{}
+	native := 0
+	for _, tr := range ts {
+		for _, st := range tr.Stacks {
+			python := false
+			for _, f := range st {
+				k := gpu.KindOf(f)
+				python = python || k == gpu.FrameUser || k == gpu.FrameLibrary
+			}
+			name, named := gpu.OperatorName(st)
+			if python {
+				if name != "" {
+					t.Errorf("a stack with Python frames is named %q", name)
+				}
+				continue
+			}
+			native++
+			if name == "" || len(named) == 0 {
+				t.Errorf("a stack without Python frames has no name; label %q", gpu.StackLabel(st))
+				continue
+			}
+			if label := gpu.StackLabel(st); label != name {
+				t.Errorf("label %q, name %q", label, name)
+			}
+			for _, h := range []string{"create_out", "empty", "zeros", "_to_copy", "set_output"} {
+				if strings.Contains(name, h) {
+					t.Errorf("%q is named by the helper %s", name, h)
+				}
+			}
+			for _, i := range named {
+				if gpu.HelperFrame(st[i]) {
+					t.Errorf("%q: frame %d (%s) that named it is a helper", name, i, st[i].Name)
+				}
+			}
+			names[name]++
+		}
+	}
+	t.Logf("%d stacks without Python frames: %v", native, names)
+	for _, want := range []string{"LogSoftmaxBackward0 · _log_softmax_backward_data", "NllLossBackward0 · nll_loss_backward", "MmBackward0 · mm",
+		"ToCopyBackward0", "EmbeddingBackward0 · embedding_backward", "NativeLayerNormBackward0 · native_layer_norm_backward"} {
+		if names[want] == 0 {
+			t.Errorf("no stack named %q", want)
+		}
 	}
 }

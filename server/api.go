@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"vramscope/attrib"
 	"vramscope/gpu"
 	"vramscope/store"
 )
@@ -236,7 +237,8 @@ func (s *Server) apiAllocations(w http.ResponseWriter, r *http.Request) {
 type allocationJSON struct {
 	gpu.Allocation
 	stackJSON
-	Events []eventJSON `json:"events"`
+	Events  []eventJSON    `json:"events"`
+	Verdict attrib.Verdict `json:"verdict"` // its category, and where one without frames was made
 }
 
 func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
@@ -259,6 +261,14 @@ func (s *Server) apiAllocation(w http.ResponseWriter, r *http.Request) {
 	}
 	for _, e := range evs {
 		out.Events = append(out.Events, toEventJSON(e))
+	}
+	c, err := s.cats.Categorizer(s.opt.DB, id)
+	if err == nil {
+		out.Verdict, err = c.VerdictOf(a)
+	}
+	if err != nil {
+		s.storeError(w, r, err)
+		return
 	}
 	writeJSON(w, http.StatusOK, out)
 }

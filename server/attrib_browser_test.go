@@ -73,7 +73,7 @@ func TestBrowserLiveMemory(t *testing.T) {
 	choose(t, ctx, "#live-group", "category")
 	choose(t, ctx, "#band-mode", "category")
 	within(t, ctx, "by category", chromedp.Poll[bool](`vramscopeLive.data.grouping === "category" && vramscope.timeline.bandCats !== null
-		&& document.querySelectorAll("#live-cats .cat").length === 8 && document.querySelector('#live-cats .cat[data-category="unknown"]') !== null
+		&& document.querySelectorAll("#live-cats .cat").length === 9 && document.querySelector('#live-cats .cat[data-category="unknown"]') !== null
 		&& new URLSearchParams(location.search).get("g") === "category" && new URLSearchParams(location.search).get("bands") === "category"`))
 	screenshot(t, ctx, dir, "live-by-category")
 	choose(t, ctx, "#band-mode", "area")

@@ -8,6 +8,7 @@ import (
 	"github.com/a-h/templ"
 	"github.com/go-chi/chi/v5"
 
+	"vramscope/attrib"
 	"vramscope/gpu"
 	"vramscope/static"
 	"vramscope/store"
@@ -47,7 +48,7 @@ func (s *Server) pageList(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Runs: runs, Total: total, Page: n, Per: listPer,
+	render(w, r, http.StatusOK, web.TraceList(page("Traces"), web.Listing{Traces: ts, Runs: runs, Same: web.SameRecording(ts), Total: total, Page: n, Per: listPer,
 		Name: q.Name, Source: string(q.Source), Status: string(q.Status), Sort: q.Sort, Asc: q.Asc}))
 }
 
@@ -74,8 +75,28 @@ func (s *Server) runRows(ts []gpu.Trace) (map[string]web.RunRow, error) {
 // pageTrace is the trace view: a frame that view.js fills from the API.
 func (s *Server) pageTrace(w http.ResponseWriter, r *http.Request) {
 	if t, ok := s.traceOfPage(w, r); ok {
-		render(w, r, http.StatusOK, web.TraceView(page(t.Title()), t))
+		render(w, r, http.StatusOK, web.TraceView(page(t.Title()), t, s.stepsWindow(t)))
 	}
+}
+
+// stepsWindow is where a trace's page opens when its URL names no window:
+// on its steps (from a fiftieth of their span before the first) when they
+// begin past a fifth of the trace, as when loading a model comes first and
+// would crush them into its end; -1: the whole trace.
+func (s *Server) stepsWindow(t gpu.Trace) int64 {
+	c, err := s.cats.Categorizer(s.opt.DB, t.ID)
+	if err != nil || t.NoTime || t.LastUS <= t.FirstUS {
+		return -1
+	}
+	steps := attrib.Steps(c.Regions())
+	if len(steps) == 0 {
+		return -1
+	}
+	first := steps[0].StartUS
+	if first-t.FirstUS < (t.LastUS-t.FirstUS)/5 {
+		return -1
+	}
+	return max(t.FirstUS, first-(t.LastUS-first)/50)
 }
 
 // traceOfPage reads the trace a page is about; ok is false after answering

@@ -120,10 +120,14 @@ type frameJSON struct {
 type stackJSON struct {
 	Frames []frameJSON `json:"frames"`
 	Label  string      `json:"label"`
+	// Named are the frames that named a stack without Python frames
+	// (gpu.OperatorName), by index: pages show them though hidden.
+	Named []int `json:"named,omitempty"`
 }
 
 func toStackJSON(st gpu.Stack) stackJSON {
-	out := stackJSON{Frames: make([]frameJSON, len(st)), Label: gpu.StackLabel(st)}
+	_, named := gpu.OperatorName(st)
+	out := stackJSON{Frames: make([]frameJSON, len(st)), Label: gpu.StackLabel(st), Named: named}
 	for i, f := range st {
 		out.Frames[i] = frameJSON{f, gpu.KindOf(f)}
 	}

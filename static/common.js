@@ -190,7 +190,7 @@ export function palette() {
     select: v("--select"), cursor: v("--cursor"), brush: v("--brush"),
     pin: v("--pin"), oom: v("--error"), hl: v("--hl"),
     bands: v("--bands").split(",").map((x) => x.trim()),
-    cats: Array.from({ length: 8 }, (_, i) => v("--cat-" + i)), // one per category, in the server's order
+    cats: Array.from({ length: 9 }, (_, i) => v("--cat-" + i)), // one per category, in the server's order
   };
 }
 

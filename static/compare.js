@@ -1,5 +1,6 @@
 // The compare page: two traces' memory on one axis (aligned by time, by
-// training step or by event index), their peaks and memory needed side by
+// training step, by event index or by request: the server's choice when
+// the URL names none, by request for one program under two settings), their peaks and memory needed side by
 // side, their allocator settings with the differing ones marked, and, at
 // each one's peak, where they differ most and any instant clicked, the live
 // bytes by code location in A, in B and the difference. Everything comes
@@ -15,15 +16,15 @@ const wrap = document.getElementById("cmp-wrap");
 const tip = document.getElementById("cmp-tip");
 const status = document.getElementById("status");
 const LEFT = 70, RIGHT = 12, TOP = 44, BOTTOM = 24, HEIGHT = 320;
-const ALIGNS = ["time", "step", "event"], GROUPS = ["frame", "stack", "category"];
+const ALIGNS = ["time", "step", "event", "request"], GROUPS = ["frame", "stack", "category"];
 
 const q = new URLSearchParams(location.search);
 const page = {
-  align: ALIGNS.includes(q.get("align")) ? q.get("align") : "time",
+  align: ALIGNS.includes(q.get("align")) ? q.get("align") : null, // null: the server chooses
   group: GROUPS.includes(q.get("group")) ? q.get("group") : "frame",
   at: queryNum(q, "at"),
   moment: q.get("m") || null, // the moment shown: peak_a, peak_b, divergence, at
-  x0: queryNum(q, "x0"), // the window of the aligned axis; null: both traces whole
+  x0: queryNum(q, "x0"), // the window of the aligned axis; null: the server's (the steps, else both traces whole)
   x1: queryNum(q, "x1"),
   data: null,
   hoverX: null,
@@ -37,7 +38,7 @@ const frames = new FrameScheduler((f) => {
 
 function saveURL() {
   const p = new URLSearchParams();
-  if (page.align !== "time") p.set("align", page.align);
+  if (page.align) p.set("align", page.align);
   if (page.group !== "frame") p.set("group", page.group);
   if (page.at !== null) p.set("at", Math.round(page.at));
   if (page.moment) p.set("m", page.moment);
@@ -58,7 +59,8 @@ async function load() {
   loading = ac;
   root.dataset.ready = "";
   status.textContent = "Comparing…";
-  const p = new URLSearchParams({ align: page.align, group: page.group, n: Math.max(50, Math.min(4000, Math.floor(plotWidth()))) });
+  const p = new URLSearchParams({ group: page.group, n: Math.max(50, Math.min(4000, Math.floor(plotWidth()))) });
+  if (page.align) p.set("align", page.align);
   if (page.at !== null) p.set("at", Math.round(page.at));
   if (page.x0 !== null) { p.set("x0", Math.floor(page.x0)); p.set("x1", Math.ceil(page.x1)); }
   try {
@@ -81,6 +83,8 @@ function show() {
   const note = document.getElementById("align-note");
   const notes = [];
   if (d.align_note) notes.push(d.align_note[0].toUpperCase() + d.align_note.slice(1) + ".");
+  if (d.reading) notes.push(d.reading + ".");
+  if (d.timeline.steps_window) notes.push("The plot opens on the steps; “Whole traces” shows what came before them.");
   for (const [k, s] of [["A", d.a], ["B", d.b]]) {
     if (s.sampled_every > 1) notes.push(`${k} is compared at a sample of its events: each kept event stands for ${s.sampled_every} (those with the least and the most bytes).`);
   }
@@ -93,6 +97,7 @@ function show() {
     time: "time since each trace's first event",
     step: "A's time since its first event; B's steps stretched onto A's",
     event: "event index since each trace's first event",
+    request: "requests (alloc and free) since each trace's first event",
   }[d.align];
   showFigures(d);
   showSettings(d);
@@ -144,7 +149,7 @@ const GROUP_NAMES = { frame: "First user frame", stack: "Stack", category: "Cate
 
 function pointText(side, p) {
   const when = p.seq < 0 ? "before the first event" : page.data.align === "event" ? `event ${p.seq}` : `after event ${p.seq}`;
-  return `${side}: ${fmtBytes(p.allocated)} allocated, ${when}`;
+  return `${side}: ${fmtBytes(p.allocated)} allocated, ${fmtBytes(p.reserved)} reserved, ${when}`;
 }
 
 function showMoments(d) {
@@ -156,8 +161,9 @@ function showMoments(d) {
     return b;
   }));
   const m = d.moments.find((x) => x.key === page.moment) || d.moments[0];
+  const signed = (v) => (v > 0 ? "+" : "") + fmtBytes(v);
   document.getElementById("moment-label").textContent =
-    `${pointText("A", m.a)} · ${pointText("B", m.b)} · B − A ${m.divergence > 0 ? "+" : ""}${fmtBytes(m.divergence)}`;
+    `${pointText("A", m.a)} · ${pointText("B", m.b)} · B − A ${signed(m.divergence)} allocated, ${signed(m.reserved_delta)} reserved`;
   const top = Math.max(1, ...m.rows.map((r) => Math.abs(r.delta)));
   const table = document.getElementById("delta");
   table.replaceChildren(
@@ -178,7 +184,12 @@ function showMoments(d) {
 // ---- the timeline ----------------------------------------------------------------
 
 function plotWidth() { return Math.max(100, wrap.clientWidth - LEFT - RIGHT); }
-function fmtX(x) { return page.data && page.data.timeline.unit === "event" ? `#${Math.round(x)}` : fmtTime(x); }
+function fmtX(x) {
+  const unit = page.data && page.data.timeline.unit;
+  if (unit === "event") return `#${Math.round(x)}`;
+  if (unit === "request") return `request ${Math.round(x)}`;
+  return fmtTime(x);
+}
 function xOf(x) { const t = page.data.timeline; return LEFT + ((x - t.x0) / (t.x1 - t.x0)) * plotWidth(); }
 function xAt(px) { const t = page.data.timeline; return t.x0 + ((px - LEFT) / plotWidth()) * (t.x1 - t.x0); }
 
@@ -281,10 +292,11 @@ function draw() {
     ctx.beginPath(); ctx.moveTo(px, TOP); ctx.lineTo(px, TOP + plotH); ctx.stroke();
     ctx.setLineDash([]);
     const label = MOMENT_NAMES[m.key] || m.key, w = ctx.measureText(label).width + 6;
-    let row = 0;
-    while (placed.some((p) => p.row === row && px < p.x + p.w && px + w > p.x)) row++;
-    placed.push({ x: px, w, row });
+    // Where the label is drawn (kept inside the plot) is what must not overlap.
     const lx = Math.min(px + 3, LEFT + plotWidth() - w);
+    let row = 0;
+    while (placed.some((p) => p.row === row && lx < p.x + p.w + 2 && lx + w + 2 > p.x)) row++;
+    placed.push({ x: lx, w, row });
     ctx.fillStyle = pal.panel;
     ctx.fillRect(lx - 1, TOP + 2 + row * 14, w, 13);
     ctx.fillStyle = shown ? pal.fg : pal.dim;
@@ -295,7 +307,7 @@ function draw() {
     ctx.fillStyle = pal.brush;
     ctx.fillRect(Math.min(page.drag.a, page.drag.b), TOP, Math.abs(page.drag.b - page.drag.a), plotH);
   }
-  document.getElementById("reset").hidden = page.x0 === null;
+  document.getElementById("reset").hidden = tl.x0 <= tl.whole[0] && tl.x1 >= tl.whole[1];
   if (page.hoverX !== null) {
     ctx.strokeStyle = pal.cursor;
     ctx.lineWidth = 1;
@@ -362,8 +374,10 @@ canvas.addEventListener("pointerup", () => {
   saveURL();
   load();
 });
-canvas.addEventListener("keydown", (e) => { if (e.key === "0") setWindow(null, null); });
-document.getElementById("reset").addEventListener("click", () => setWindow(null, null));
+// Both traces whole: the window the server opens on is the steps'.
+const whole = () => { const w = page.data?.timeline.whole; if (w) setWindow(w[0], w[1]); };
+canvas.addEventListener("keydown", (e) => { if (e.key === "0") whole(); });
+document.getElementById("reset").addEventListener("click", whole);
 
 function setWindow(x0, x1) {
   [page.x0, page.x1] = x1 !== null && x1 - x0 >= 2 ? [x0, x1] : [null, null];
@@ -373,7 +387,7 @@ function setWindow(x0, x1) {
 
 for (const b of document.querySelectorAll("[data-align]")) {
   b.addEventListener("click", () => {
-    if (page.align === b.dataset.align) return;
+    if ((page.align || page.data?.align) === b.dataset.align) return;
     page.align = b.dataset.align;
     page.at = page.x0 = page.x1 = null; // a place on one axis means nothing on another
     if (page.moment === "at") page.moment = null;

@@ -104,7 +104,19 @@ export class EventList {
     el("span", { class: "c-size" }, size),
     el("span", { class: "c-addr" }, e.action === "oom" ? "" : fmtAddr(e.address)),
     el("span", { class: "c-stream", title: "stream " + e.stream }, String(e.stream)),
-    el("span", { class: "c-frame" }, (meta ? "● " : "") + label),
+    frameCell(label, meta),
     el("span", { class: "c-time" }, v.noTime ? "" : v.fmtT(e.time_us))); // without times, "#N" would repeat the seq
   }
+}
+
+/**
+ * The first user frame's cell: "file:line function" in a narrow column
+ * gives up the file's name first, then the function, and keeps the line.
+ */
+function frameCell(label, meta) {
+  const m = /^(.*?)(:(?:\d+|\?))( .*)?$/.exec(label);
+  const mark = meta ? "● " : "";
+  if (!m) return el("span", { class: "c-frame", title: label || null }, mark + label);
+  return el("span", { class: "c-frame split", title: label }, el("span", { class: "f-file" }, mark + m[1]),
+    el("span", { class: "f-line" }, m[2]), el("span", { class: "f-func" }, m[3] || ""));
 }

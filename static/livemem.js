@@ -16,6 +16,7 @@ export class LivePanel {
     this.label = document.getElementById("live-label");
     this.table = document.getElementById("live-table");
     this.cats = document.getElementById("live-cats");
+    this.note = document.getElementById("live-note");
     this.pprof = document.getElementById("live-pprof");
     this.group = document.getElementById("live-group");
     this.flame = new Flame(document.getElementById("flame"), document.getElementById("flame-tip"), view, (n) => this.highlight(n));
@@ -48,6 +49,7 @@ export class LivePanel {
     this.flame.set(d);
     this.renderCategories();
     this.renderTable();
+    this.renderNote();
     // A highlight follows the picked node into the new live set.
     const e = this.flame.selectedEntry();
     if (e) this.highlight(e.node);
@@ -85,6 +87,21 @@ export class LivePanel {
       return chip;
     });
     this.cats.replaceChildren(...chips);
+  }
+
+  /** What recording Python frames only cost here: the allocations without a stack. */
+  renderNote() {
+    const d = this.data;
+    let bytes = 0, n = 0;
+    for (let i = 0; i < d.blocks.stack.length; i++) if (!d.blocks.stack[i]) { bytes += d.blocks.size[i]; n++; }
+    this.note.hidden = !n;
+    if (!n) return;
+    this.note.textContent = `${fmtBytes(bytes)} in ${n} allocation${n === 1 ? "" : "s"} (${(100 * bytes / d.bytes).toFixed(1)} %) have no stack. ` +
+      `With stacks="python", PyTorch's default, nothing the autograd thread allocates (the backward's gradients and temporaries) gets a frame: ` +
+      `they are named by where they were made (between a step's start and its Optimizer.step: the backward) and sorted by how long they lived. ` +
+      `torch.cuda.memory._record_memory_history(stacks="all") records their C++ frames, named here by autograd node and operator ` +
+      `(LogSoftmaxBackward0 · _log_softmax_backward_data); it costs an unwinding per allocation and a slower dump ` +
+      `(2.7 s instead of 0.02 s for a 2-step run on an H200).`;
   }
 
   renderTable() {

@@ -17,7 +17,24 @@ import { api, apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesSh
 
 const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 8;
 const STRIP = 12; // the phases' strip at the top of the plot, with the steps' labels
-const PHASES = { forward: 3, backward: 2, optimizer: 1, zero_grad: 4 }; // colours: indexes into the category palette
+const PHASES = { forward: 3, backward: 2, optimizer: 1, zero_grad: 4, communication: 5 }; // colours: indexes into the category palette
+
+/** The phases' legend: a swatch for each phase the regions have, in the strip's colours. */
+export function phaseLegend(regions) {
+  const seen = new Set(regions.map((r) => r.phase).filter((p) => p in PHASES));
+  const keys = Object.keys(PHASES).filter((p) => seen.has(p));
+  if (!keys.length) return [];
+  const out = [document.createTextNode("phases:")];
+  for (const p of keys) {
+    const k = document.createElement("span");
+    k.className = "key cat";
+    const sw = document.createElement("i");
+    sw.className = "sw sw-" + PHASES[p];
+    k.append(sw, p.replace("_", " "));
+    out.push(k);
+  }
+  return out;
+}
 const MIN_BYTES_SPAN = 4096;
 
 /** The usage answer's binary form (see server/bands.go). */
@@ -257,14 +274,23 @@ export class Timeline {
     ctx.textBaseline = "middle";
     ctx.textAlign = "left";
     ctx.fillStyle = pal.fg;
+    // Each step's label fits inside the step ("step N", else "N") or is
+    // left out; it sits on the strip's colour so that neither the phases
+    // nor the next step's start line run through it.
     let lastEnd = -Infinity;
+    const right = AXIS_LEFT + this.plotW;
     for (const r of rs) {
       if (r.step < 0) continue;
-      const x0 = Math.max(AXIS_LEFT, this.xOf(r.start_us)) + 3, x1 = this.xOf(r.end_us);
-      const label = "step " + r.step;
-      if (x1 - x0 < 30 || x0 < lastEnd || x0 > AXIS_LEFT + this.plotW) continue;
+      const x0 = Math.max(AXIS_LEFT, this.xOf(r.start_us)) + 3, x1 = Math.min(right, this.xOf(r.end_us)) - 2;
+      if (x0 < lastEnd || x0 > right) continue;
+      const label = ["step " + r.step, String(r.step)].find((l) => x0 + ctx.measureText(l).width <= x1);
+      if (!label) continue;
+      const w = ctx.measureText(label).width;
+      ctx.fillStyle = pal.panel;
+      ctx.fillRect(x0 - 2, TOP + 1, w + 4, STRIP - 2);
+      ctx.fillStyle = pal.fg;
       ctx.fillText(label, x0, TOP + STRIP / 2);
-      lastEnd = x0 + ctx.measureText(label).width + 6;
+      lastEnd = x0 + w + 6;
     }
     ctx.strokeStyle = ctx.fillStyle = pal.dim;
     ctx.setLineDash([2, 3]);

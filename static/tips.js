@@ -21,7 +21,7 @@ export function stackLoader(traceId) {
   return (sid) => {
     if (!sid) return none;
     if (!cache.has(sid)) {
-      cache.set(sid, api(`/api/traces/${traceId}/stacks/${sid}`).then((r) => ({ frames: r.frames || [], label: r.label || "" }), () => ({ frames: [], label: "" })));
+      cache.set(sid, api(`/api/traces/${traceId}/stacks/${sid}`).then((r) => ({ frames: r.frames || [], label: r.label || "", named: r.named || [] }), () => ({ frames: [], label: "" })));
     }
     return cache.get(sid);
   };
@@ -33,10 +33,16 @@ export function stackLoader(traceId) {
  * all is set. max, when given, shows that many visible frames and folds the
  * rest into a "show all" toggle (the incident page's long stacks).
  */
-export function framesList(frames, { all = false, max = 0 } = {}) {
-  if (!frames || !frames.length) return el("p", { class: "dim" }, "No stack was recorded.");
+export function framesList(frames, { all = false, max = 0, named = [], made = "" } = {}) {
+  if (!frames || !frames.length) {
+    const why = made.startsWith("backward") ? ` With stacks="python" PyTorch records no frames on the autograd thread; stacks="all" would name its node and operator.` : "";
+    return el("p", { class: "dim" }, "No stack was recorded." + (made ? ` Where it was made: ${made}.${why}` : ""));
+  }
+  // The frames that named a stack without Python frames show, hidden or not.
+  const naming = new Set(named.map((i) => frames[i]));
+  const hidden = (f) => !all && HIDDEN.has(f.kind) && !naming.has(f);
   const ol = el("ol", { class: "frames full" });
-  const visible = frames.filter((f) => all || !HIDDEN.has(f.kind));
+  const visible = frames.filter((f) => !hidden(f));
   const shown = max && visible.length > max + 2 ? new Set(visible.slice(0, max)) : null;
   // Past the shown frames, frames and folded runs alike go under the toggle.
   let rest = null, into = ol, folded = 0, moreFrames = 0;
@@ -45,10 +51,10 @@ export function framesList(frames, { all = false, max = 0 } = {}) {
     folded = 0;
   };
   for (const f of frames) {
-    if (!all && HIDDEN.has(f.kind)) { folded++; continue; }
+    if (hidden(f)) { folded++; continue; }
     if (shown && !shown.has(f) && !rest) into = rest = el("ol", { class: "frames full" });
     flush();
-    into.append(el("li", { class: "frame-" + (f.kind || "user") }, frameText(f)));
+    into.append(el("li", { class: "frame-" + (f.kind || "user") + (naming.has(f) ? " named" : ""), title: naming.has(f) ? "this frame names the allocation" : null }, frameText(f)));
     if (rest) moreFrames++;
   }
   flush();

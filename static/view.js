@@ -13,6 +13,7 @@ import { EventList } from "./events.js";
 import { Search } from "./search.js";
 import { showSnapshot } from "./snapshot.js";
 import { LivePanel, showJumps } from "./livemem.js";
+import { phaseLegend } from "./timeline.js";
 
 const root = document.getElementById("view");
 const data = root.dataset;
@@ -35,7 +36,9 @@ const view = new PageState(root, {
 view.firstSeq = Number(data.firstSeq);
 view.lastSeq = Number(data.lastSeq);
 view.noEvents = view.lastSeq < 0 && data.status !== "live"; // a snapshot of its state alone
-view.t0 ??= view.fullT0;
+// No window in the URL: the steps when the server says they come long
+// after the trace's start (model loading first), else the whole trace.
+view.t0 ??= Number(data.stepsUs) >= 0 ? Number(data.stepsUs) : view.fullT0;
 view.t1 ??= view.fullT1;
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
 window.vramscope = view; // for tests and the console
@@ -153,7 +156,7 @@ async function selectionPanel(signal) {
       ["Size", fmtBytes(b.size)], ["Requested", fmtBytes(b.requested)],
       ["Allocated", "before the trace began"],
       ["First user frame", st.label || "–"],
-    ]), framesList(st.frames, { all: view.allFrames }));
+    ]), framesList(st.frames, { all: view.allFrames, named: st.named || [] }));
     return;
   }
   if (view.sel === null) {
@@ -168,7 +171,8 @@ async function selectionPanel(signal) {
     ["Size", fmtBytes(a.size) + " (" + a.size + " bytes)"],
     ["Requested", fmtBytes(a.requested_size) + " (" + a.requested_size + " bytes)"],
     ["Stream", String(a.stream)],
-    ["First user frame", a.label || "–"],
+    [a.named ? "Named by" : "First user frame", a.label || (a.verdict.made ? a.verdict.made + " · no stack" : "–")],
+    ["Category", `${a.verdict.category} (${a.verdict.sure}: rule ${a.verdict.rule})`],
     ["Allocated at", view.fmtT(a.alloc_us)],
     ["Freed at", freed ? view.fmtT(a.free_us) + " (lived " + view.fmtDur(a.free_us - a.alloc_us) + ")" : "never (still allocated)"],
   ]);
@@ -185,7 +189,7 @@ async function selectionPanel(signal) {
   const fit = el("button", { type: "button", class: "btn" }, "Fit (F)");
   fit.addEventListener("click", () => view.fitSelection());
   box.replaceChildren(el("h3", {}, "Allocation #" + a.seq), facts, jump, " ", fit, el("h4", {}, "Events"), evs, el("h4", {}, "Stack"),
-    framesList(a.frames, { all: view.allFrames }));
+    framesList(a.frames, { all: view.allFrames, named: a.named || [], made: a.verdict.made }));
 }
 
 // ---- devices of the upload -----------------------------------------------
@@ -222,7 +226,7 @@ const catLegend = document.getElementById("cat-legend");
 function showBandMode() {
   catLegend.hidden = view.bandMode === "alloc";
   if (!catLegend.hidden && !catLegend.childElementCount) {
-    const names = ["parameters", "optimizer state", "gradients", "activations", "temporaries", "communication", "persistent state", "unknown"];
+    const names = ["parameters", "optimizer state", "gradients", "activations", "temporaries", "communication", "persistent state", "side stream", "unknown"];
     catLegend.replaceChildren(...names.map((n, i) => el("span", { class: "key cat" }, el("i", { class: "sw sw-" + i }), n)));
   }
 }
@@ -247,6 +251,10 @@ showIncidents(view, document.querySelector(".timeline-panel .legend")).then((lis
   ooms = list || [];
   document.getElementById("go-oom").hidden = !ooms.length;
   return showJumps(view, goTo, ooms);
+}).then(() => {
+  const phases = document.getElementById("phase-legend");
+  phases.replaceChildren(...phaseLegend(view.regions));
+  phases.hidden = !phases.childElementCount;
 }).catch((e) => view.error("Incidents and steps: " + e.message));
 if (data.status === "live") view.live = follow(view);
 if (data.status !== "live") {

@@ -13,6 +13,9 @@ import (
 type Listing struct {
 	Traces []gpu.Trace
 	Runs   map[string]RunRow // by the id of the trace a run is listed as
+	// Same names, for a trace listed, the trace stored before it that
+	// holds the same recording (SameRecording): one file uploaded twice.
+	Same   map[string]string
 	Total  int
 	Page   int
 	Per    int
@@ -148,4 +151,34 @@ func NewRunRow(run gpu.Run, worst gpu.Trace) RunRow {
 		}
 	}
 	return row
+}
+
+// SameRecording maps each snapshot's trace of ts that repeats an earlier
+// one of ts (the same device, events, first and last times, peaks and
+// OOMs: one file uploaded twice) to the id of the earliest stored.
+// Recorded workloads are left out: a simulated run repeats itself.
+func SameRecording(ts []gpu.Trace) map[string]string {
+	type print struct {
+		source                      gpu.TraceSource
+		device                      int
+		events, firstUS, lastUS     int64
+		peakAllocated, peakReserved uint64
+		ooms                        int64
+	}
+	key := func(t gpu.Trace) print {
+		return print{t.Source, t.DeviceOrdinal, t.Events, t.FirstUS, t.LastUS, t.PeakAllocated, t.PeakReserved, t.OOMs}
+	}
+	first := map[print]gpu.Trace{}
+	for _, t := range ts {
+		if f, ok := first[key(t)]; t.Source == gpu.SourceSnapshot && (!ok || t.Created.Before(f.Created)) {
+			first[key(t)] = t
+		}
+	}
+	out := map[string]string{}
+	for _, t := range ts {
+		if f, ok := first[key(t)]; ok && f.ID != t.ID && t.Source == gpu.SourceSnapshot {
+			out[t.ID] = f.ID
+		}
+	}
+	return out
 }

@@ -142,7 +142,7 @@ func RunView(p Page, r gpu.Run, t0, t1 int64) templ.Component {
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\">Delete run</button></div><section class=\"panel heatmap-panel\" aria-label=\"Memory of every rank over time\"><div class=\"panel-head\"><h2>Memory by rank over time</h2><span class=\"legend\"><span id=\"scale\" class=\"scale\"></span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"heatmap-wrap\"><canvas id=\"heatmap\" tabindex=\"0\" aria-label=\"Heatmap of memory by rank (rows) over time: click a cell to open that rank at that time, drag to zoom into a time range, 0 for the whole run\"></canvas><div class=\"tip\" id=\"heatmap-tip\" hidden></div></div><p class=\"dim hint\">Click a cell to open that rank's trace at that time; the outlined cell of each row is its peak. Drag across to zoom.</p></section><section class=\"panel peaks-panel\" aria-label=\"Ranks by peak\"><div class=\"panel-head\"><h2>Peaks, highest first</h2></div><ol id=\"peaks\" class=\"peaks\"></ol></section><p id=\"status\" role=\"status\" aria-live=\"polite\" class=\"dim\"></p></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\">Delete run</button></div><section class=\"panel heatmap-panel\" aria-label=\"Memory of every rank over time\"><div class=\"panel-head\"><h2>Memory by rank over time</h2><span class=\"legend\"><span id=\"scale\" class=\"scale\"></span></span> <span class=\"legend run-keys\"><span class=\"key run-key-none\" title=\"A pale cell: the rank held nothing allocated then, or its recording does not reach that time\">pale: nothing allocated (or not recorded)</span> <span class=\"key run-key-peak\">outlined: the row's peak</span> <span class=\"key run-key-top\">▲ the highest peak</span> <span class=\"key run-key-oom\">red line: OOM</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"heatmap-wrap\"><canvas id=\"heatmap\" tabindex=\"0\" aria-label=\"Heatmap of memory by rank (rows) over time: click a cell to open that rank at that time, drag to zoom into a time range, 0 for the whole run\"></canvas><div class=\"tip\" id=\"heatmap-tip\" hidden></div></div><p class=\"dim hint\">Click a cell to open that rank's trace at that time; the outlined cell of each row is its peak. Drag across to zoom.</p></section><section class=\"panel peaks-panel\" aria-label=\"Ranks by peak\"><div class=\"panel-head\"><h2>Peaks, highest first</h2></div><ol id=\"peaks\" class=\"peaks\"></ol></section><p id=\"status\" role=\"status\" aria-live=\"polite\" class=\"dim\"></p></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -182,7 +182,7 @@ func rankOptions(r gpu.Run, nth int) templ.Component {
 			var templ_7745c5c3_Var10 string
 			templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(t.id).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/run.templ`, Line: 56, Col: 22}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/run.templ`, Line: 62, Col: 22}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
 			if templ_7745c5c3_Err != nil {
@@ -205,7 +205,7 @@ func rankOptions(r gpu.Run, nth int) templ.Component {
 			var templ_7745c5c3_Var11 string
 			templ_7745c5c3_Var11, templ_7745c5c3_Err = templ.JoinStringErrs(t.label)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/run.templ`, Line: 56, Col: 57}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/run.templ`, Line: 62, Col: 57}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var11))
 			if templ_7745c5c3_Err != nil {

@@ -24,14 +24,14 @@ func init() {
 func runCompare(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("compare", stderr)
 	asJSON := fs.Bool("json", false, "print the comparison as JSON (what GET /api/compare/A/B answers)")
-	align := fs.String("align", "time", "put the traces on one axis by time, step (ProfilerStep#N starts) or event (index)")
+	align := fs.String("align", "auto", "put the traces on one axis by time, step (ProfilerStep#N starts), event (index) or request (alloc and free requests); auto: by request when both make the same requests, else by time")
 	group := fs.String("group", "frame", "group the live memory by frame (first user frame), stack or category")
 	rows := fs.Int("rows", compare.DefaultRows, "the rows of each moment's table: the groups that differ most")
-	at := fs.Int64("at", 0, "also compare this place of the aligned axis (µs, or an event index with --align event)")
+	at := fs.Int64("at", 0, "also compare this place of the aligned axis (µs, or an event or request index with --align event or request)")
 	wait := fs.Duration("wait", 5*time.Minute, "how long to wait for the what-if replays that find the memory each trace needs")
 	dbPath := fs.String("db", defaultDB, "SQLite database")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope compare A B [--json] [--align time|step|event] [--group frame|stack|category] [--rows N] [--at X] [--db PATH]")
+		fmt.Fprintln(stderr, "usage: vramscope compare A B [--json] [--align auto|time|step|event|request] [--group frame|stack|category] [--rows N] [--at X] [--db PATH]")
 		fmt.Fprintln(stderr, "A and B are stored trace ids (one may be given as --trace ID; ids that start with - go after --).")
 		fmt.Fprintln(stderr, "Prints both traces' peaks and memory needed, their allocator settings, and at each one's peak and where")
 		fmt.Fprintln(stderr, "they differ most, the live bytes by code location in A, in B and B − A, largest difference first.")
@@ -107,6 +107,9 @@ func printCompare(w io.Writer, r *compare.Result) error {
 		fmt.Fprintf(w, "%s\n\n", r.Note) // it says what the traces are aligned by
 	} else {
 		fmt.Fprintf(w, "aligned by %s\n\n", r.Align)
+	}
+	if r.Reading != "" {
+		fmt.Fprintf(w, "%s.\n\n", r.Reading)
 	}
 
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
@@ -185,8 +188,11 @@ func needed(n compare.Needed) string {
 
 // place writes a place of the aligned axis.
 func place(r *compare.Result, x int64) string {
-	if r.Timeline.Unit == "event" {
+	switch r.Timeline.Unit {
+	case "event":
 		return fmt.Sprintf("event %d", x)
+	case "request":
+		return fmt.Sprintf("request %d", x)
 	}
 	return web.Duration(x) + " in"
 }
