@@ -241,7 +241,7 @@ func TestOldDatabaseGetsAutoVacuum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := migrate(raw); err != nil {
+	if err := migrateSQLite(raw); err != nil {
 		t.Fatal(err)
 	}
 	var mode int
@@ -272,7 +272,7 @@ func TestFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { db.Close() }()
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Fatalf("no reserve: %v", err)
 	}
 	hostile.Fill(t, dir, 40<<20)
@@ -297,7 +297,7 @@ func TestFullDisk(t *testing.T) {
 	if !errors.Is(full, ErrDiskFull) || len(kept) < 2 {
 		t.Fatalf("after %d imports: %v, want ErrDiskFull", len(kept), full)
 	}
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Errorf("no reserve after the failed import was aborted: %v", err)
 	}
 	if ts, _ := db.Traces(); len(ts) != len(kept) {
@@ -321,7 +321,7 @@ func TestFullDisk(t *testing.T) {
 	// delete takes again.
 	room := func() uint64 {
 		free, _ := freeSpace(dir)
-		if st, err := os.Stat(db.reservePath()); err == nil {
+		if st, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err == nil {
 			free += uint64(st.Size())
 		}
 		return free
@@ -334,7 +334,7 @@ func TestFullDisk(t *testing.T) {
 		t.Errorf("deleted trace: %v", err)
 	}
 	db.direct(func(c *sql.DB) error { _, err := c.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); return err })
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Errorf("no reserve after the delete: %v", err)
 	}
 	freeAfter := room()

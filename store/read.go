@@ -68,7 +68,7 @@ type ListQuery struct {
 
 // ListSorts are the orders of the trace list, by the column they sort.
 var ListSorts = map[string]string{
-	"created": "created_us", "name": "name COLLATE NOCASE", "source": "source", "status": "status",
+	"created": "created_us", "name": "lower(name)", "source": "source", "status": "status",
 	"events": "event_count", "peak": "peak_reserved", "ooms": "oom_count", "duration": "last_us - first_us",
 }
 
@@ -86,11 +86,11 @@ func (db *DB) TraceList(q ListQuery) ([]gpu.Trace, int, error) {
 	where := []string{hidden}
 	var args []any
 	if q.Name != "" {
-		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name) + "%"
+		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(strings.ToLower(q.Name)) + "%"
 		if q.GroupRuns {
-			where = append(where, `(name LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE r.name LIKE ?1 ESCAPE '\'))`)
+			where = append(where, `(lower(name) LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE lower(r.name) LIKE ?1 ESCAPE '\'))`)
 		} else {
-			where = append(where, "name LIKE ?1 ESCAPE '\\'")
+			where = append(where, "lower(name) LIKE ?1 ESCAPE '\\'")
 		}
 		args = append(args, like)
 	}
@@ -191,7 +191,7 @@ func (db *DB) DeleteTrace(id string) error {
 			if err != nil {
 				return err
 			}
-			if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+			if gpu.TraceStatus(status) == gpu.StatusLive && db.alive(tid, pid) {
 				return fmt.Errorf("trace %q is being written; stop its writer first: %w", id, ErrBusy)
 			}
 			_, err = tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, tid)
@@ -217,7 +217,7 @@ type reader struct {
 }
 
 func (db *DB) begin(id string) (*reader, error) {
-	tx, err := db.r.BeginTx(context.Background(), &sql.TxOptions{ReadOnly: true})
+	tx, err := db.r.BeginTx(context.Background(), db.be.readOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -701,13 +701,13 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	// Decode the events of buckets without a row: the chunks overlapping
 	// the window whose buckets are not all stored.
 	var decode []int64
-	crow, err := r.tx.Query("SELECT rowid, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? ORDER BY last_us, first_us", r.tid, startUS)
+	crow, err := r.tx.Query("SELECT first_seq, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? ORDER BY last_us, first_us", r.tid, startUS)
 	if err != nil {
 		return Usage{}, err
 	}
 	for crow.Next() {
-		var rowid, f, l int64
-		if err := crow.Scan(&rowid, &f, &l); err != nil {
+		var first, f, l int64
+		if err := crow.Scan(&first, &f, &l); err != nil {
 			crow.Close()
 			return Usage{}, err
 		}
@@ -716,7 +716,7 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 		}
 		for b := max(f, startUS)>>k - b0; b <= min(l, endUS)>>k-b0; b++ {
 			if !stored[b] {
-				decode = append(decode, rowid)
+				decode = append(decode, first)
 				break
 			}
 		}
@@ -725,8 +725,8 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	if err := crow.Err(); err != nil {
 		return Usage{}, err
 	}
-	for _, rowid := range decode {
-		c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE rowid = ?", rowid))
+	for _, first := range decode {
+		c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq = ?", r.tid, first))
 		if err != nil {
 			return Usage{}, err
 		}

@@ -52,7 +52,7 @@ func (db *DB) JoinRun(name string, worldSize int, u gpu.Upload) (gpu.Upload, err
 			u.Run = newTraceID()
 			err = insertRun(tx, u.Run, name, worldSize)
 		case err == nil && worldSize > 0:
-			_, err = tx.Exec("UPDATE runs SET world_size = max(world_size, ?) WHERE id = ?", worldSize, u.Run)
+			_, err = tx.Exec("UPDATE runs SET world_size = CASE WHEN world_size > ?1 THEN world_size ELSE ?1 END WHERE id = ?2", worldSize, u.Run)
 		}
 		if err != nil {
 			return err
@@ -178,7 +178,7 @@ func (db *DB) DeleteRun(id string) error {
 					rows.Close()
 					return err
 				}
-				if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+				if gpu.TraceStatus(status) == gpu.StatusLive && db.alive(tid, pid) {
 					rows.Close()
 					return fmt.Errorf("trace %q of run %q is being written; stop its writer first: %w", trace, id, ErrBusy)
 				}

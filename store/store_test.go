@@ -11,6 +11,7 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
+	"vramscope/migrations"
 )
 
 func openTemp(t testing.TB) (*DB, string) {
@@ -60,7 +61,7 @@ func testStack(i int) gpu.Stack {
 
 func TestMigrationsAndNewerVersion(t *testing.T) {
 	db, path := openTemp(t)
-	steps, err := migrationFiles()
+	steps, err := migrationFiles(migrations.FS)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -467,7 +467,7 @@ func (s *snapshotRows) store(tx *sql.Tx, tid int64, upload string) error {
 		}
 	}
 	if len(s.runs) > 0 {
-		st, err := tx.Prepare("INSERT OR REPLACE INTO event_extra_runs (tid, first_seq, xid) VALUES (?,?,?)")
+		st, err := tx.Prepare(replaceInto("event_extra_runs", "tid, first_seq", "xid", 1))
 		if err != nil {
 			return err
 		}
