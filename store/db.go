@@ -16,7 +16,6 @@ import (
 	"strings"
 	"sync"
 
-
 	"vramscope/gpu"
 )
 

@@ -45,6 +45,9 @@ func (db *DB) JoinRun(name string, worldSize int, u gpu.Upload) (gpu.Upload, err
 	}
 	u.ID = NewUploadID()
 	err := db.write(func(tx *sql.Tx) error {
+		if err := db.be.lockTx(tx, "runs"); err != nil {
+			return err
+		}
 		err := tx.QueryRow(`SELECT id FROM runs r WHERE name = ? AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.run = r.id AND u.rank = ?)
 			ORDER BY created_us DESC LIMIT 1`, name, u.Rank).Scan(&u.Run)
 		switch {

@@ -192,4 +192,3 @@ func migrateSQLite(db *sql.DB) error {
 	}
 	return nil
 }
-

@@ -814,7 +814,14 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	if _, err := tx.Exec(q+" WHERE tid = ?", append(args, tid)...); err != nil {
 		return err
 	}
-	return nil
+	if w.importing {
+		return nil // shown by Publish, whole
+	}
+	status := b.status
+	if status == "" {
+		status = gpu.StatusLive
+	}
+	return w.db.be.notify(tx, TraceChange{ID: w.id, Status: status, LastSeq: t.last, Events: t.events, FirstUS: t.firstUS, LastUS: t.lastUS})
 }
 
 // replaceInto is an insert of rows rows of the key's and cols' columns
