@@ -34,7 +34,9 @@ func importTrace(t testing.TB, db *DB, seed uint64, n, bigStacks int) (*Writer, 
 
 // A sealed import is stored whole but still hidden; once published it
 // reads exactly as the same import published unsealed.
-func TestSealedImport(t *testing.T) {
+func TestSealedImport(t *testing.T) { eachBackend(t, testSealedImport) }
+
+func testSealedImport(t *testing.T) {
 	db, _ := openTemp(t)
 	dropped := gpu.Dropped{Count: 1, First: []gpu.DroppedEvent{{Seq: 7, Reason: "undo: no block"}}}
 	var ws [2]*Writer
@@ -123,7 +125,9 @@ func rows(t *testing.T, db *DB, table string) int {
 
 // An import is seen by no reader until Publish, and then whole: every
 // device's trace at once.
-func TestImportShownWhole(t *testing.T) {
+func TestImportShownWhole(t *testing.T) { eachBackend(t, testImportShownWhole) }
+
+func testImportShownWhole(t *testing.T) {
 	db, _ := openTemp(t)
 	a, err := importTrace(t, db, 1, 20000, 0)
 	if err != nil {
@@ -172,6 +176,10 @@ func TestImportShownWhole(t *testing.T) {
 
 // An import whose process died is removed at the next Open, rows and all.
 func TestUnfinishedImportRemovedAtOpen(t *testing.T) {
+	eachBackend(t, testUnfinishedImportRemovedAtOpen)
+}
+
+func testUnfinishedImportRemovedAtOpen(t *testing.T) {
 	db, path := openTemp(t)
 	keep := writeTrace(t, db, nil, newGen(3, 300).events(1000), 0)
 	if err := keep.Close(gpu.StatusComplete); err != nil {
@@ -352,7 +360,9 @@ func TestFullDisk(t *testing.T) {
 
 // Live traces that never got an event are deleted once old enough, unless
 // a writer holds them.
-func TestExpireEmpty(t *testing.T) {
+func TestExpireEmpty(t *testing.T) { eachBackend(t, testExpireEmpty) }
+
+func testExpireEmpty(t *testing.T) {
 	db, _ := openTemp(t)
 	meta := testMeta
 	meta.Source = gpu.SourceLive
@@ -381,7 +391,9 @@ func TestExpireEmpty(t *testing.T) {
 }
 
 // The list pages, sorts and filters.
-func TestTraceList(t *testing.T) {
+func TestTraceList(t *testing.T) { eachBackend(t, testTraceList) }
+
+func testTraceList(t *testing.T) {
 	db, _ := openTemp(t)
 	for i := range 7 {
 		meta := testMeta
@@ -427,7 +439,9 @@ func TestTraceList(t *testing.T) {
 }
 
 // Settings that do not parse are refused at creation, naming them.
-func TestBadSettingsRefused(t *testing.T) {
+func TestBadSettingsRefused(t *testing.T) { eachBackend(t, testBadSettingsRefused) }
+
+func testBadSettingsRefused(t *testing.T) {
 	db, _ := openTemp(t)
 	meta := testMeta
 	meta.Settings = "max_split_size_mb:banana"

@@ -372,32 +372,54 @@ func (r *reader) eventsWithEnds(from, to int64, fn func(e *gpu.Event, ends bool)
 	if first.Valid {
 		start = first.Int64
 	}
-	rows, err := r.tx.Query("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq >= ? AND first_seq < ? ORDER BY first_seq", r.tid, start, to)
+	// A page of chunks at a time, read whole before fn sees an event: fn
+	// may query the same transaction, which PostgreSQL cannot while a
+	// query's rows are still coming.
+	for {
+		page, err := r.chunkPage(start, to)
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		for _, c := range page {
+			more := true
+			err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
+				if e.Seq >= to {
+					more = false
+					return false
+				}
+				if e.Seq >= from {
+					more = fn(e, ends)
+				}
+				return more
+			})
+			if err != nil || !more {
+				return err
+			}
+		}
+		start = page[len(page)-1].firstSeq + 1
+	}
+}
+
+// chunkPageSize: chunks read by one query of a walk over events.
+const chunkPageSize = 32
+
+// chunkPage reads the chunks from first_seq start up to to, a page of them.
+func (r *reader) chunkPage(start, to int64) ([]*chunk, error) {
+	rows, err := r.tx.Query("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq >= ? AND first_seq < ? ORDER BY first_seq LIMIT ?",
+		r.tid, start, to, chunkPageSize)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
+	var page []*chunk
 	for rows.Next() {
 		c, err := scanChunk(rows)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		more := true
-		err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
-			if e.Seq >= to {
-				more = false
-				return false
-			}
-			if e.Seq >= from {
-				more = fn(e, ends)
-			}
-			return more
-		})
-		if err != nil || !more {
-			return err
-		}
+		page = append(page, c)
 	}
-	return rows.Err()
+	return page, rows.Err()
 }
 
 // Events returns the events with from <= Seq < to. BlockSize is filled in

@@ -39,6 +39,9 @@ func (db *DB) claim(id string) (int64, claimed, error) {
 	var prev claimed
 	registered := false
 	err := db.write(func(tx *sql.Tx) error {
+		if err := db.be.lockTx(tx, "claim"); err != nil {
+			return err
+		}
 		var t gpu.Trace
 		var err error
 		if tid, t, err = lookup(tx, id); err != nil {
@@ -117,7 +120,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 
 	// Totals and counts after the last event; an unfilled last chunk is
 	// taken up again and rewritten as it grows.
-	c, err := r.oneChunk("1 ORDER BY first_seq DESC LIMIT 1")
+	c, err := r.oneChunk("true ORDER BY first_seq DESC LIMIT 1")
 	if err != nil {
 		return nil, 0, err
 	}
