@@ -84,11 +84,7 @@ func (c *pgConn) ExecContext(ctx context.Context, q string, args []driver.NamedV
 }
 
 func (c *pgConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	r, err := c.Conn.QueryContext(ctx, rebind(q), args)
-	if err != nil && os.Getenv("DEBUGQ") != "" {
-		err = fmt.Errorf("%w [%s]", err, rebind(q))
-	}
-	return r, err
+	return c.Conn.QueryContext(ctx, rebind(q), args)
 }
 
 var rebound sync.Map // query -> its PostgreSQL form
