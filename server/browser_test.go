@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"vramscope/internal/pgtest"
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
@@ -29,6 +30,7 @@ const chromium = "/usr/bin/chromium"
 func TestMain(m *testing.M) {
 	code := m.Run()
 	browserCancel()
+	pgtest.Stop()
 	os.Exit(code)
 }
 

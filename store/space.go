@@ -142,6 +142,9 @@ func (db *DB) remove(tid int64) error {
 	if _, err := exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
 		return err
 	}
+	if _, err := exec("DELETE FROM jobs WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
+		return err
+	}
 	for _, t := range traceTables {
 		key := db.be.deleteKey(t)
 		q := fmt.Sprintf("DELETE FROM %s WHERE (%s) IN (SELECT %s FROM %s WHERE tid = ? LIMIT %d)", t, key, key, t, deleteBatch)
