@@ -51,7 +51,11 @@ type jobKey struct {
 	lastSeq int64 // a live trace that grew gets a new replay
 }
 
-func (k jobKey) String() string { return fmt.Sprintf("whatif/%s/%d", k.id, k.lastSeq) }
+func (k jobKey) String() string { return JobKey(k.id, k.lastSeq) }
+
+// JobKey is the database's key (store.TakeJob) of the what-if job of
+// trace id as it stands with lastSeq its last event.
+func JobKey(id string, lastSeq int64) string { return fmt.Sprintf("whatif/%s/%d", id, lastSeq) }
 
 // Job is one what-if computation; Done closes when Table or Err is set.
 // Original closes first, once the replays under the recorded settings

@@ -207,3 +207,16 @@ func (s *Server) NewDatabase(t testing.TB) string {
 func (s *Server) Addr(name string) string {
 	return "postgres://postgres@/" + name + "?host=" + s.dir + "&port=5432&sslmode=disable"
 }
+
+// Value runs a query of one value on the database at addr (one of this
+// server's) as psql prints it.
+func (s *Server) Value(addr, query string) (string, error) {
+	name := strings.TrimPrefix(addr, "postgres://postgres@/")
+	name, _, _ = strings.Cut(name, "?")
+	c := exec.Command(filepath.Join(s.bin, "psql"), "-X", "-qtA", "-h", s.dir, "-p", "5432", "-U", "postgres", "-d", name, "-c", query)
+	out, err := c.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("psql %q: %v: %s", query, err, out)
+	}
+	return strings.TrimSpace(string(out)), nil
+}
