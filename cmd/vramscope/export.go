@@ -22,7 +22,7 @@ func init() {
 func runExport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("export", stderr)
 	out := fs.String("o", "", "output file (.pickle; .pb.gz with --format pprof); - for standard output")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	device := fs.Int("device", -1, "write only this device of the trace's upload (default: every device)")
 	format := fs.String("format", "pickle", "pickle (a PyTorch snapshot) or pprof (the live allocations at an instant)")
 	at := fs.Int64("at", 0, "pprof: the instant, in the trace's microseconds (default: the peak of allocated memory)")

@@ -25,7 +25,7 @@ func init() {
 func runImport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("import", stderr)
 	name := fs.String("name", "", "trace name (default: the file name, plus the device)")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	device := fs.Int("device", -1, "import only this device (default: every device with a trace or segments)")
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
