@@ -195,6 +195,52 @@ func TestTeamServers(t *testing.T) {
 		t.Logf("B finished the dead server's what-if %v after it died", time.Since(died).Round(time.Millisecond))
 	})
 
+	t.Run("live across a restart", func(t *testing.T) {
+		c, err := live.Dial(a.URL, "", live.ClientOptions{RetryFor: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr := uint64(1 << 21)
+		c.Emit([]gpu.Event{{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: addr, Size: 64 << 20}})
+		seq := int64(0)
+		for batch := 0; batch < 40; batch++ {
+			if batch == 15 {
+				pg.Down()
+			}
+			if batch == 25 {
+				if err := pg.Up(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var evs []gpu.Event
+			for range 50 {
+				seq++
+				evs = append(evs, gpu.Event{Seq: seq, TimeUS: seq + 1, Action: gpu.ActionAlloc, Addr: addr, Size: 512})
+				seq++
+				evs = append(evs, gpu.Event{Seq: seq, TimeUS: seq + 1, Action: gpu.ActionFreeCompleted, Addr: addr, Size: 512})
+			}
+			c.Emit(evs)
+			time.Sleep(20 * time.Millisecond)
+		}
+		if err := c.Close(gpu.StatusComplete); err != nil {
+			t.Fatal(err)
+		}
+		var tr gpu.Trace
+		getJSON(t, b.URL+"/api/traces/"+c.TraceID(), http.StatusOK, &tr)
+		if tr.Status != gpu.StatusComplete || tr.Events != seq+1 || tr.LastSeq != seq {
+			t.Fatalf("the stream across a restart, on B: %s, %d events, last %d; want complete, %d, %d", tr.Status, tr.Events, tr.LastSeq, seq+1, seq)
+		}
+		evs, err := dbA.Events(c.TraceID(), 0, seq+1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i, e := range evs {
+			if e.Seq != int64(i) {
+				t.Fatalf("event %d has seq %d: a gap or a duplicate", i, e.Seq)
+			}
+		}
+	})
+
 	t.Run("restart mid-upload", func(t *testing.T) {
 		before := len(traceList(t, b.URL))
 		data, err := os.ReadFile(testkit.SyntheticSnapshot(t, 400_000))

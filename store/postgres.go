@@ -7,16 +7,20 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"net"
 	"net/url"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"vramscope/migrations"
@@ -84,7 +88,24 @@ func (c *pgConn) ExecContext(ctx context.Context, q string, args []driver.NamedV
 }
 
 func (c *pgConn) QueryContext(ctx context.Context, q string, args []driver.NamedValue) (driver.Rows, error) {
-	return c.Conn.QueryContext(ctx, rebind(q), args)
+	r, err := c.Conn.QueryContext(ctx, rebind(q), args)
+	return r, c.lost(err)
+}
+
+func (c *pgConn) BeginTx(ctx context.Context, opts driver.TxOptions) (driver.Tx, error) {
+	tx, err := c.Conn.BeginTx(ctx, opts)
+	return tx, c.lost(err)
+}
+
+// lost makes the error of a connection the database closed (a restart)
+// database/sql's ErrBadConn, so that it asks again on a new connection:
+// a query or a BEGIN changed nothing, and reads of a pool that outlived a
+// restart go on at once.
+func (c *pgConn) lost(err error) error {
+	if err != nil && c.Conn.Conn().IsClosed() {
+		return fmt.Errorf("%w (%v)", driver.ErrBadConn, err)
+	}
+	return err
 }
 
 var rebound sync.Map // query -> its PostgreSQL form
@@ -414,4 +435,26 @@ func (b *pgBackend) close() error {
 	b.wg.Wait()
 	_, err := b.db.r.Exec("DELETE FROM sessions WHERE id = ?", b.db.owner)
 	return err
+}
+
+// Unavailable says whether err is the database being away (restarting,
+// unreachable, the connection lost) rather than anything wrong with the
+// request: asked again in a moment, it may well work.
+func Unavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		// 08: connection exceptions; 57P01-03: shut down, crashed,
+		// not yet taking connections.
+		return strings.HasPrefix(pe.Code, "08") || pe.Code == "57P01" || pe.Code == "57P02" || pe.Code == "57P03"
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		return false // the request's own time ran out
+	}
+	var ce *pgconn.ConnectError
+	var ne net.Error
+	return errors.As(err, &ce) || errors.As(err, &ne) || errors.Is(err, driver.ErrBadConn) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || strings.Contains(err.Error(), "conn closed")
 }
