@@ -7,6 +7,7 @@ package pgtest
 
 import (
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -219,4 +220,42 @@ func (s *Server) Value(addr, query string) (string, error) {
 		return "", fmt.Errorf("psql %q: %v: %s", query, err, out)
 	}
 	return strings.TrimSpace(string(out)), nil
+}
+
+// BenchEnv names the PostgreSQL server benchmarks run on besides SQLite, as
+// postgres://USER@HOST:PORT/ (a server with its production settings: the
+// throwaway servers of tests do not fsync).
+const BenchEnv = "VRAMSCOPE_BENCH_PG"
+
+// BenchAddr is, when BenchEnv names a server, the address of its database
+// name, made if missing and made anew when fresh; ok is false without it.
+func BenchAddr(tb testing.TB, name string, fresh bool) (addr string, ok bool) {
+	tb.Helper()
+	base := os.Getenv(BenchEnv)
+	if base == "" {
+		return "", false
+	}
+	u, err := url.Parse(base)
+	if err != nil {
+		tb.Fatalf("%s: %v", BenchEnv, err)
+	}
+	admin := *u
+	admin.Path = "/postgres"
+	run := func(stmt string) error {
+		out, err := exec.Command("psql", "-X", "-q", admin.String(), "-c", stmt).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("psql %q: %v: %s", stmt, err, out)
+		}
+		return nil
+	}
+	if fresh {
+		if err := run("DROP DATABASE IF EXISTS " + name + " WITH (FORCE)"); err != nil {
+			tb.Fatal(err)
+		}
+	}
+	if err := run("CREATE DATABASE " + name); err != nil && !strings.Contains(err.Error(), "already exists") {
+		tb.Fatal(err)
+	}
+	u.Path = "/" + name
+	return u.String(), true
 }
