@@ -3,6 +3,8 @@ package incident
 import (
 	"encoding/json"
 	"fmt"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -32,6 +34,7 @@ type Jobs struct {
 type JobStore interface {
 	Store
 	TakeJob(key, traceID string, lease time.Duration) (store.Job, error)
+	TakeOrphanJob(lease time.Duration) (store.Job, bool, error)
 	RenewJob(key string, lease time.Duration) error
 	JobPartial(key string, partial []byte) error
 	FinishJob(key string, result []byte) error
@@ -215,6 +218,47 @@ func (c *Jobs) run(k jobKey, j *Job, original func()) error {
 	// is the same, and this process still gives it.
 	c.db.FinishJob(key, j.stored())
 	return nil
+}
+
+// Adopt takes a job whose process died before it ended, if there is one,
+// and runs it here: a what-if no page waits on any more is still finished
+// and kept. Servers call it every JobLease; false when there was none.
+func (c *Jobs) Adopt() bool {
+	st, ok, err := c.db.TakeOrphanJob(JobLease)
+	if err != nil || !ok {
+		return false
+	}
+	var k jobKey
+	rest, _ := strings.CutPrefix(st.Key, "whatif/")
+	i := strings.LastIndexByte(rest, '/')
+	if i >= 0 {
+		k.id = rest[:i]
+		k.lastSeq, err = strconv.ParseInt(rest[i+1:], 10, 64)
+	}
+	if i < 0 || err != nil {
+		c.db.DropJob(st.Key) // no job of ours
+		return false
+	}
+	j := &Job{Done: make(chan struct{}), Original: make(chan struct{}), Takes: st.Takes, Here: true}
+	c.mu.Lock()
+	if _, ok := c.jobs[k]; !ok {
+		c.jobs[k] = j
+		c.keys = append(c.keys, k)
+	}
+	c.mu.Unlock()
+	go func() {
+		original := sync.OnceFunc(func() { close(j.Original) })
+		defer original()
+		defer close(j.Done)
+		if j.Err = c.run(k, j, original); j.Err != nil {
+			c.mu.Lock()
+			if c.jobs[k] == j {
+				delete(c.jobs, k)
+			}
+			c.mu.Unlock()
+		}
+	}()
+	return true
 }
 
 // Len is how many jobs are kept.

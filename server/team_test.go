@@ -28,7 +28,7 @@ import (
 
 // teamServer is one server of a team: its own handle (its own session) of
 // the shared PostgreSQL database at addr.
-func teamServer(t *testing.T, addr string) (*store.DB, *httptest.Server) {
+func teamServer(t *testing.T, addr string) (*store.DB, *Server, *httptest.Server) {
 	t.Helper()
 	db, err := store.Open(addr)
 	if err != nil {
@@ -40,7 +40,7 @@ func teamServer(t *testing.T, addr string) (*store.DB, *httptest.Server) {
 		srv.Close()
 		db.Close()
 	})
-	return db, srv
+	return db, s, srv
 }
 
 // traceList is GET /api/traces's answer.
@@ -62,8 +62,8 @@ func traceList(t *testing.T, base string) []gpu.Trace {
 func TestTeamServers(t *testing.T) {
 	pg := pgtest.Start(t)
 	addr := pg.NewDatabase(t)
-	dbA, a := teamServer(t, addr)
-	_, b := teamServer(t, addr)
+	dbA, _, a := teamServer(t, addr)
+	_, sB, b := teamServer(t, addr)
 
 	t.Run("upload", func(t *testing.T) {
 		data, err := os.ReadFile(testkit.Snapshot(t, "oom_nonexpandable.json"))
@@ -171,21 +171,7 @@ func TestTeamServers(t *testing.T) {
 		id := testkit.Record(t, dbA, "frag again", tracer.DefaultFrag(), fragCapacity, "")
 		tr, _ := dbA.Trace(id)
 		key := incident.JobKey(id, tr.LastSeq)
-		// A server takes the job, then dies before it ends.
-		cmd := exec.Command(os.Args[0], "-test.run=^TestTakeJobAndHang$", "-test.count=1")
-		cmd.Env = append(os.Environ(), takeJobEnv+"="+addr+" "+key+" "+id)
-		out, _ := cmd.StdoutPipe()
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
-		sc := bufio.NewScanner(out)
-		for sc.Scan() && sc.Text() != "taken" {
-			if strings.HasPrefix(sc.Text(), "error") {
-				t.Fatal(sc.Text())
-			}
-		}
-		cmd.Process.Kill()
-		cmd.Wait()
+		takeAndDie(t, addr, key, id)
 		died := time.Now()
 		w := whatIf(t, b.URL+"/api/traces/"+id+"/incidents/1")
 		j, err := dbA.TakeJob(key, id, time.Second)
@@ -193,6 +179,34 @@ func TestTeamServers(t *testing.T) {
 			t.Fatalf("the job: %+v, %v (%+v); want done, taken twice", j, err, w)
 		}
 		t.Logf("B finished the dead server's what-if %v after it died", time.Since(died).Round(time.Millisecond))
+	})
+
+	t.Run("whatif adopted", func(t *testing.T) {
+		id := testkit.Record(t, dbA, "frag unasked", tracer.DefaultFrag(), fragCapacity, "")
+		tr, _ := dbA.Trace(id)
+		key := incident.JobKey(id, tr.LastSeq)
+		takeAndDie(t, addr, key, id)
+		// No page asks: B's sweep (every JobLease when serving) adopts it.
+		for deadline := time.Now().Add(time.Minute); !sB.whatifs.Adopt(); time.Sleep(100 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("B adopted no job")
+			}
+		}
+		for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+			j, err := dbA.TakeJob(key, id, time.Minute)
+			if err != nil || j.Mine {
+				t.Fatalf("while B runs it: %+v, %v", j, err)
+			}
+			if j.Done {
+				if j.Takes != 2 {
+					t.Fatalf("the adopted job was taken %d times; want 2", j.Takes)
+				}
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("B did not finish the job it adopted")
+			}
+		}
 	})
 
 	t.Run("live across a restart", func(t *testing.T) {
@@ -306,6 +320,26 @@ func TestTeamServers(t *testing.T) {
 			t.Fatalf("B lists %d traces after A's next upload; want %d", n, before+1)
 		}
 	})
+}
+
+// takeAndDie runs a server that takes the what-if job key of trace id,
+// then dies (SIGKILL) before it ends.
+func takeAndDie(t *testing.T, addr, key, id string) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestTakeJobAndHang$", "-test.count=1")
+	cmd.Env = append(os.Environ(), takeJobEnv+"="+addr+" "+key+" "+id)
+	out, _ := cmd.StdoutPipe()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	for sc.Scan() && sc.Text() != "taken" {
+		if strings.HasPrefix(sc.Text(), "error") {
+			t.Fatal(sc.Text())
+		}
+	}
+	cmd.Process.Kill()
+	cmd.Wait()
 }
 
 // waitTail reads tails until one is what ok wants.
