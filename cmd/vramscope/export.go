@@ -173,6 +173,9 @@ func checkOutput(path string) error {
 // openStored opens the database of a command that reads stored traces,
 // refusing one that does not exist rather than making an empty one.
 func openStored(path string) (*store.DB, error) {
+	if store.IsPostgres(path) {
+		return store.Open(path)
+	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, usagef("no database at %s: give --db the database that holds the trace", path)
 	}
