@@ -723,7 +723,10 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	// Decode the events of buckets without a row: the chunks overlapping
 	// the window whose buckets are not all stored.
 	var decode []int64
-	crow, err := r.tx.Query("SELECT first_seq, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? ORDER BY last_us, first_us", r.tid, startUS)
+	// Bounded at both ends: PostgreSQL sends every row a query selects,
+	// however early the loop below stops reading.
+	crow, err := r.tx.Query("SELECT first_seq, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? AND first_us <= ? ORDER BY last_us, first_us",
+		r.tid, startUS, endUS)
 	if err != nil {
 		return Usage{}, err
 	}
