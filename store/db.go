@@ -1,7 +1,10 @@
-// Package store keeps traces in SQLite: events, stacks, layout checkpoints,
-// a usage pyramid and allocation intervals, written by one goroutine and read
-// by a pool, so that every question the viewer asks costs about what the
-// screen shows, not what the trace holds.
+// Package store keeps traces in a database: events, stacks, layout
+// checkpoints, a usage pyramid and allocation intervals, written by one
+// goroutine and read by a pool, so that every question the viewer asks
+// costs about what the screen shows, not what the trace holds. The
+// database is a SQLite file (the embedded default) or a PostgreSQL
+// database that several servers share (backend.go); no other package
+// knows which.
 package store
 
 import (
