@@ -94,9 +94,10 @@ func start() (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	// Not t.TempDir: postgres, when run as root's postgres user, must
-	// reach the folder, and socket paths are short.
-	dir, err := os.MkdirTemp("", "vspg")
+	// Not t.TempDir, nor $TMPDIR: postgres, when run as root's postgres
+	// user, must reach the folder, and a socket's path is at most 107
+	// bytes.
+	dir, err := os.MkdirTemp("/tmp", "vspg")
 	if err != nil {
 		return nil, err
 	}
