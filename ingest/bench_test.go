@@ -10,6 +10,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"vramscope/internal/pgtest"
 
 	"vramscope/ingest"
 	"vramscope/internal/testkit"
@@ -77,7 +78,7 @@ func benchImport(b *testing.B, path string) {
 	i := 0
 	for b.Loop() {
 		b.StopTimer()
-		db, err := store.Open(filepath.Join(dir, fmt.Sprintf("import%d.db", i)))
+		db, err := store.Open(benchDB(b, dir, fmt.Sprintf("import%d", i)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -93,7 +94,9 @@ func benchImport(b *testing.B, path string) {
 		b.StopTimer()
 		f.Close()
 		db.Close()
-		os.Remove(db.Path())
+		if !store.IsPostgres(db.Path()) {
+			os.Remove(db.Path())
+		}
 		b.StartTimer()
 	}
 }
@@ -110,7 +113,7 @@ func BenchmarkImportRun(b *testing.B) {
 	var serial, run time.Duration
 	for i := 0; b.Loop(); i++ {
 		b.StopTimer()
-		db, err := store.Open(filepath.Join(dir, fmt.Sprintf("serial%d.db", i)))
+		db, err := store.Open(benchDB(b, dir, fmt.Sprintf("serial%d", i)))
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -128,8 +131,10 @@ func BenchmarkImportRun(b *testing.B) {
 		}
 		serial += time.Since(start)
 		db.Close()
-		os.Remove(db.Path())
-		if db, err = store.Open(filepath.Join(dir, fmt.Sprintf("run%d.db", i))); err != nil {
+		if !store.IsPostgres(db.Path()) {
+			os.Remove(db.Path())
+		}
+		if db, err = store.Open(benchDB(b, dir, fmt.Sprintf("run%d", i))); err != nil {
 			b.Fatal(err)
 		}
 		debug.SetMemoryLimit(ingest.MemoryLimit(paths))
@@ -140,11 +145,22 @@ func BenchmarkImportRun(b *testing.B) {
 		}
 		run += time.Since(start)
 		db.Close()
-		os.Remove(db.Path())
+		if !store.IsPostgres(db.Path()) {
+			os.Remove(db.Path())
+		}
 		runtime.GC()
 		b.StartTimer()
 	}
 	b.ReportMetric(serial.Seconds()/float64(b.N), "serial-s")
 	b.ReportMetric(run.Seconds()/float64(b.N), "run-s")
 	b.ReportMetric(serial.Seconds()/run.Seconds(), "speedup")
+}
+
+// benchDB names a fresh database: a SQLite file in dir, or, where
+// pgtest.BenchEnv names a PostgreSQL server, a database on it.
+func benchDB(b *testing.B, dir, name string) string {
+	if addr, ok := pgtest.BenchAddr(b, "bench_"+name, true); ok {
+		return addr
+	}
+	return filepath.Join(dir, name+".db")
 }

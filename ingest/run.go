@@ -113,6 +113,17 @@ func MemoryLimit(paths []string) int64 {
 // error (naming the file), or when ctx ends, nothing is kept. Errors are
 // those of Snapshot; two files of one rank are an InputError.
 func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
+	return run(ctx, db, name, false, src, opt)
+}
+
+// JoinRun is Run into the newest run named name that has none of src's
+// ranks yet (store.PublishJoinRun): a job's ranks imported on several
+// machines, each its share, make one run.
+func JoinRun(ctx context.Context, db *store.DB, name string, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
+	return run(ctx, db, name, true, src, opt)
+}
+
+func run(ctx context.Context, db *store.DB, name string, join bool, src RunSource, opt pytorch.Options) (string, []RunRank, error) {
 	name, err := gpu.CheckName(name)
 	if err != nil {
 		return "", nil, &InputError{fmt.Errorf("the run's name: %w", err)}
@@ -252,7 +263,11 @@ func Run(ctx context.Context, db *store.DB, name string, src RunSource, opt pyto
 			files[i].Devices[j].TraceID = files[i].Traces[j]
 		}
 	}
-	run, err := db.PublishRun(name, world, ups)
+	publish := db.PublishRun
+	if join {
+		publish = db.PublishJoinRun
+	}
+	run, err := publish(name, world, ups)
 	if err != nil {
 		return abort(err)
 	}

@@ -76,6 +76,7 @@ type Hub struct {
 	closed  bool
 	wg      sync.WaitGroup
 	stop    chan struct{} // ends the sweeper
+	unwatch func()        // stops hearing of other servers' commits
 }
 
 // NewHub returns a hub storing into db. It deletes, every minute, the
@@ -86,7 +87,27 @@ func NewHub(db *store.DB, opt Options) *Hub {
 		up: websocket.Upgrader{ReadBufferSize: 64 << 10, WriteBufferSize: 4 << 10, WriteBufferPool: &sync.Pool{}, Error: refuseUpgrade}}
 	h.wg.Add(1)
 	go h.sweep(min(time.Minute, opt.EmptyExpiry/2))
+	h.unwatch = db.Watch(h.elsewhere)
 	return h
+}
+
+// elsewhere tells this server's viewers of a trace that another server
+// (sharing a PostgreSQL database) stores its stream: the store hears of
+// every commit there (LISTEN/NOTIFY), in order, within a fraction of a
+// millisecond of it.
+func (h *Hub) elsewhere(ch store.TraceChange) {
+	h.mu.Lock()
+	t := h.topics[ch.ID]
+	h.mu.Unlock()
+	if t == nil {
+		return // no one here follows it
+	}
+	t.mu.Lock()
+	here := t.ingest != nil
+	t.mu.Unlock()
+	if !here {
+		t.publish(Tail{Status: ch.Status, Seq: ch.LastSeq, Events: ch.Events, FirstUS: ch.FirstUS, LastUS: ch.LastUS})
+	}
 }
 
 // refuseUpgrade answers a request the websocket upgrade refuses: a JSON
@@ -131,6 +152,7 @@ func (h *Hub) Close() {
 	h.mu.Lock()
 	if !h.closed {
 		close(h.stop)
+		h.unwatch()
 	}
 	h.closed = true
 	for c := range h.conns {

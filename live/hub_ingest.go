@@ -106,6 +106,11 @@ func (h *Hub) ingest(c *websocket.Conn) {
 			c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 		}
 		return
+	} else if store.Unavailable(err) {
+		// The database is away: the client tries again, as after a drop.
+		c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
+		c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseTryAgainLater, "the database is not reachable just now"))
+		return
 	} else if err != nil {
 		reject(c, h.opt.WriteWait, "%v", err)
 		return

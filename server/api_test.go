@@ -79,7 +79,9 @@ func errorOf(t *testing.T, b []byte) string {
 	return e.Error
 }
 
-func TestTracesListAndGet(t *testing.T) {
+func TestTracesListAndGet(t *testing.T) { testkit.EachBackend(t, testTracesListAndGet) }
+
+func testTracesListAndGet(t *testing.T) {
 	f := newFixture(t, Options{})
 	var list struct{ Traces []gpu.Trace }
 	f.getJSON(t, "/api/traces", &list)
@@ -101,7 +103,9 @@ func TestTracesListAndGet(t *testing.T) {
 	errorOf(t, f.get(t, "/api/nothing", http.StatusNotFound))
 }
 
-func TestBadParametersAreNamed(t *testing.T) {
+func TestBadParametersAreNamed(t *testing.T) { testkit.EachBackend(t, testBadParametersAreNamed) }
+
+func testBadParametersAreNamed(t *testing.T) {
 	f := newFixture(t, Options{})
 	base := "/api/traces/" + f.id
 	for path, param := range map[string]string{
@@ -128,7 +132,9 @@ func TestBadParametersAreNamed(t *testing.T) {
 	}
 }
 
-func TestUsageFollowsTheTrace(t *testing.T) {
+func TestUsageFollowsTheTrace(t *testing.T) { testkit.EachBackend(t, testUsageFollowsTheTrace) }
+
+func testUsageFollowsTheTrace(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
 	var u store.UsageColumns
@@ -151,7 +157,9 @@ func TestUsageFollowsTheTrace(t *testing.T) {
 	}
 }
 
-func TestBandsStackUnderAllocated(t *testing.T) {
+func TestBandsStackUnderAllocated(t *testing.T) { testkit.EachBackend(t, testBandsStackUnderAllocated) }
+
+func testBandsStackUnderAllocated(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
 	window := "/api/traces/" + f.id + "/bands?t0=" + itoa(tr.FirstUS) + "&t1=" + itoa(tr.LastUS) + "&w=300&h=200"
@@ -299,7 +307,9 @@ func decodeBandsBinary(t *testing.T, b []byte) store.Bands {
 	return o
 }
 
-func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
+func TestLayoutAndSummaryAtTheEnd(t *testing.T) { testkit.EachBackend(t, testLayoutAndSummaryAtTheEnd) }
+
+func testLayoutAndSummaryAtTheEnd(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
 	var l store.LayoutColumns
@@ -333,7 +343,9 @@ func TestLayoutAndSummaryAtTheEnd(t *testing.T) {
 	}
 }
 
-func TestAllocationEventsAndStack(t *testing.T) {
+func TestAllocationEventsAndStack(t *testing.T) { testkit.EachBackend(t, testAllocationEventsAndStack) }
+
+func testAllocationEventsAndStack(t *testing.T) {
 	f := newFixture(t, Options{})
 	var l store.LayoutColumns
 	f.getJSON(t, "/api/traces/"+f.id+"/layout?t="+itoa((f.trace.FirstUS+f.trace.LastUS)/2), &l)
@@ -369,7 +381,9 @@ func TestAllocationEventsAndStack(t *testing.T) {
 
 var scriptTag = regexp.MustCompile(`<script[^>]*>`)
 
-func TestPagesAreSafeAndCached(t *testing.T) {
+func TestPagesAreSafeAndCached(t *testing.T) { testkit.EachBackend(t, testPagesAreSafeAndCached) }
+
+func testPagesAreSafeAndCached(t *testing.T) {
 	f := newFixture(t, Options{})
 	for _, path := range []string{"/", "/traces/" + f.id} {
 		res, err := http.Get(f.srv.URL + path)
@@ -438,7 +452,9 @@ func post(t *testing.T, url string, body io.Reader) (int, []byte) {
 
 const snapshots = "../../shared/testdata/pytorch"
 
-func TestUploadAndDelete(t *testing.T) {
+func TestUploadAndDelete(t *testing.T) { testkit.EachBackend(t, testUploadAndDelete) }
+
+func testUploadAndDelete(t *testing.T) {
 	f := newFixture(t, Options{MaxUploadBytes: 3 << 20})
 	path := filepath.Join(snapshots, "oom_nonexpandable.json")
 	data, err := os.ReadFile(path)
@@ -486,7 +502,9 @@ func TestUploadAndDelete(t *testing.T) {
 	}
 }
 
-func TestTokenGuardsWrites(t *testing.T) {
+func TestTokenGuardsWrites(t *testing.T) { testkit.EachBackend(t, testTokenGuardsWrites) }
+
+func testTokenGuardsWrites(t *testing.T) {
 	f := newFixture(t, Options{Token: "s3cret"})
 	req, _ := http.NewRequest("DELETE", f.srv.URL+"/api/traces/"+f.id, nil)
 	res, err := http.DefaultClient.Do(req)
@@ -512,7 +530,9 @@ func itoa(n int64) string { return strconvI(n) }
 
 // TestCrossSiteWritesRefused: a page on another site cannot upload or
 // delete through the user's browser, even with no token configured.
-func TestCrossSiteWritesRefused(t *testing.T) {
+func TestCrossSiteWritesRefused(t *testing.T) { testkit.EachBackend(t, testCrossSiteWritesRefused) }
+
+func testCrossSiteWritesRefused(t *testing.T) {
 	f := newFixture(t, Options{})
 	body := strings.NewReader("\x80\x04N.")
 	for _, h := range []map[string]string{{"Origin": "https://evil.example"}, {"Sec-Fetch-Site": "cross-site"}} {

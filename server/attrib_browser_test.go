@@ -23,7 +23,9 @@ func choose(t *testing.T, ctx context.Context, sel, value string) {
 // softmax; a click on that frame in the graph highlights its 24
 // allocations on the timeline and on the segment map; grouping by
 // category and colouring the timeline's bands by category follow.
-func TestBrowserLiveMemory(t *testing.T) {
+func TestBrowserLiveMemory(t *testing.T) { testkit.EachBackend(t, testBrowserLiveMemory) }
+
+func testBrowserLiveMemory(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "training_22k_user_metadata.pickle")[0]
@@ -83,7 +85,9 @@ func TestBrowserLiveMemory(t *testing.T) {
 
 // On a Go training run: steps shade the timeline and a step's peak is one
 // click away, from the step list or from the step's label on the timeline.
-func TestBrowserSteps(t *testing.T) {
+func TestBrowserSteps(t *testing.T) { testkit.EachBackend(t, testBrowserSteps) }
+
+func testBrowserSteps(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	w := tracer.DefaultTrain()

@@ -31,7 +31,9 @@ type liveAnswer struct {
 // On a real snapshot, /live at the peak holds exactly the peak's allocated
 // bytes, however grouped; every node's range of blocks adds up to it; every
 // category is listed, unknown too.
-func TestLiveAPI(t *testing.T) {
+func TestLiveAPI(t *testing.T) { testkit.EachBackend(t, testLiveAPI) }
+
+func testLiveAPI(t *testing.T) {
 	f := newFixture(t, Options{})
 	up := uploadFile(t, f, "training_22k_user_metadata.pickle")
 	tr := up.Traces[0]
@@ -101,7 +103,9 @@ func TestLiveAPI(t *testing.T) {
 
 // /steps lists a training run's steps with their peaks and its phases;
 // /bands/categories gives each band of a window its category.
-func TestStepsAndBandCategories(t *testing.T) {
+func TestStepsAndBandCategories(t *testing.T) { testkit.EachBackend(t, testStepsAndBandCategories) }
+
+func testStepsAndBandCategories(t *testing.T) {
 	f := newFixture(t, Options{})
 	w := tracer.DefaultTrain()
 	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 4, 512, 8192, 4, 256, 3
@@ -170,7 +174,9 @@ func TestStepsAndBandCategories(t *testing.T) {
 
 // /categories samples the window: the bytes of each category at each
 // instant add up to the allocated bytes there.
-func TestCategoryAreasAPI(t *testing.T) {
+func TestCategoryAreasAPI(t *testing.T) { testkit.EachBackend(t, testCategoryAreasAPI) }
+
+func testCategoryAreasAPI(t *testing.T) {
 	f := newFixture(t, Options{})
 	var a attrib.Areas
 	f.getJSON(t, fmt.Sprintf("/api/traces/%s/categories?t0=%d&t1=%d&n=30", f.id, f.trace.FirstUS, f.trace.LastUS), &a)

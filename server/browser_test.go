@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"vramscope/internal/pgtest"
+	"vramscope/internal/testkit"
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
@@ -29,6 +31,7 @@ const chromium = "/usr/bin/chromium"
 func TestMain(m *testing.M) {
 	code := m.Run()
 	browserCancel()
+	pgtest.Stop()
 	os.Exit(code)
 }
 
@@ -147,7 +150,9 @@ const colourInkJS = `((id, colour, tol) => {
 	return n;
 })`
 
-func TestBrowserTraceView(t *testing.T) {
+func TestBrowserTraceView(t *testing.T) { testkit.EachBackend(t, testBrowserTraceView) }
+
+func testBrowserTraceView(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)
@@ -270,7 +275,9 @@ func TestBrowserTraceView(t *testing.T) {
 	screenshot(t, ctx, dir, "trace-dark")
 }
 
-func TestBrowserUpload(t *testing.T) {
+func TestBrowserUpload(t *testing.T) { testkit.EachBackend(t, testBrowserUpload) }
+
+func testBrowserUpload(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)

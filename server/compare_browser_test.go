@@ -15,7 +15,9 @@ import (
 // The compare page of two training runs shows what the API answers: the
 // same top row at A's peak; its alignment, grouping and moment are in the
 // URL, and a click on the plot compares another instant.
-func TestBrowserCompare(t *testing.T) {
+func TestBrowserCompare(t *testing.T) { testkit.EachBackend(t, testBrowserCompare) }
+
+func testBrowserCompare(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)
@@ -93,6 +95,10 @@ func TestBrowserCompare(t *testing.T) {
 // Two real snapshots (cs336 training runs of two models) compared: the
 // page shows the API's top row at the largest divergence.
 func TestBrowserCompareRealSnapshots(t *testing.T) {
+	testkit.EachBackend(t, testBrowserCompareRealSnapshots)
+}
+
+func testBrowserCompareRealSnapshots(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)
@@ -132,7 +138,9 @@ func TestBrowserCompareRealSnapshots(t *testing.T) {
 }
 
 // The run page's Compare opens the comparison of the two ranks picked.
-func TestBrowserCompareFromARun(t *testing.T) {
+func TestBrowserCompareFromARun(t *testing.T) { testkit.EachBackend(t, testBrowserCompareFromARun) }
+
+func testBrowserCompareFromARun(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	job := tracer.Parallel{Train: tracer.DefaultTrain(), Ranks: 2, Mode: tracer.PipelineParallel}

@@ -52,7 +52,9 @@ func moment(t *testing.T, r *compare.Result, key string) compare.Moment {
 // Two training runs that differ in activation checkpointing: at both
 // peaks, the frame that differs most is the attention probabilities the
 // run without checkpointing keeps.
-func TestCompareCheckpointing(t *testing.T) {
+func TestCompareCheckpointing(t *testing.T) { testkit.EachBackend(t, testCompareCheckpointing) }
+
+func testCompareCheckpointing(t *testing.T) {
 	f := newFixture(t, Options{})
 	with, without := trainRun(t, f.db, true), trainRun(t, f.db, false)
 	for _, align := range []string{"time", "step"} {
@@ -74,7 +76,9 @@ func TestCompareCheckpointing(t *testing.T) {
 
 // Unknown traces are 404 with a JSON error; bad parameters are 400 and
 // name the parameter.
-func TestCompareErrors(t *testing.T) {
+func TestCompareErrors(t *testing.T) { testkit.EachBackend(t, testCompareErrors) }
+
+func testCompareErrors(t *testing.T) {
 	f := newFixture(t, Options{})
 	if msg := errorOf(t, f.get(t, "/api/compare/nope/"+f.id, http.StatusNotFound)); !strings.Contains(msg, `"nope"`) {
 		t.Errorf("unknown A: %q", msg)
@@ -93,7 +97,9 @@ func TestCompareErrors(t *testing.T) {
 // Through the API: a trace compared with itself differs nowhere; two
 // devices of the real multi-GPU snapshot compare, each moment's groups
 // adding up to each side's allocated bytes; the page names both traces.
-func TestCompareAPI(t *testing.T) {
+func TestCompareAPI(t *testing.T) { testkit.EachBackend(t, testCompareAPI) }
+
+func testCompareAPI(t *testing.T) {
 	f := newFixture(t, Options{})
 	self := compareAnswer(t, f, f.id, f.id, "group=stack&rows=100000")
 	for _, m := range self.Moments {

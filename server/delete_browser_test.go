@@ -15,6 +15,10 @@ import (
 // asks for the token once and sends it again, from the list and from a
 // run's page alike. A wrong token is said on the page and deletes nothing.
 func TestBrowserDeleteAsksForToken(t *testing.T) {
+	testkit.EachBackend(t, testBrowserDeleteAsksForToken)
+}
+
+func testBrowserDeleteAsksForToken(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	trace := makeTrace(t, db, "to delete", workload{Steps: 1, Layers: 2, Seed: 1})

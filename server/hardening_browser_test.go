@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"vramscope/internal/testkit"
 
 	"github.com/chromedp/chromedp"
 
@@ -18,6 +19,10 @@ import (
 // the page: the trace page says what was left out; the list of 60
 // traces pages, sorts and filters.
 func TestBrowserDroppedAndListPages(t *testing.T) {
+	testkit.EachBackend(t, testBrowserDroppedAndListPages)
+}
+
+func testBrowserDroppedAndListPages(t *testing.T) {
 	ctx := browser(t)
 	l := listen(t, nil, Options{})
 	dir := shotDir(t)

@@ -108,7 +108,9 @@ func (l *realServer) do(t *testing.T, method, path, host string, body io.Reader,
 // DNS rebinding: a page at http://rebind.evil.example:8080 resolved to
 // 127.0.0.1 uploaded, listed and deleted traces and opened both websockets.
 // A server on loopback answers such a Host with 421 and nothing else.
-func TestRebindingRefused(t *testing.T) {
+func TestRebindingRefused(t *testing.T) { testkit.EachBackend(t, testRebindingRefused) }
+
+func testRebindingRefused(t *testing.T) {
 	l := listen(t, nil, Options{AllowedHosts: []string{"vram.lan"}})
 	id := makeTrace(t, l.db, "kept", workload{Steps: 2, Layers: 2, Seed: 1})
 	evil := "rebind.evil.example:8080"
@@ -193,7 +195,9 @@ func readUntilClosed(t *testing.T, c net.Conn) []byte {
 // Slow clients are cut off: a body at 1 B/s gets 408, an idle kept-alive
 // connection is closed, and a client that never reads its answers loses
 // the connection at the write deadline.
-func TestSlowClientsCutOff(t *testing.T) {
+func TestSlowClientsCutOff(t *testing.T) { testkit.EachBackend(t, testSlowClientsCutOff) }
+
+func testSlowClientsCutOff(t *testing.T) {
 	l := listen(t, nil, Options{Timeouts: guard.Timeouts{BodyGrace: time.Second, BodyRate: 1 << 10, Idle: time.Second, Write: 2 * time.Second}})
 
 	c := rawConn(t, l.addr)
@@ -274,7 +278,9 @@ func allocs() uint64 {
 // memory the server allocated answering it, against the budget of what
 // the decoder could read (16 bytes per decompressed byte, 32 MiB
 // base) plus the read-ahead and the answer.
-func TestHostileUploads(t *testing.T) {
+func TestHostileUploads(t *testing.T) { testkit.EachBackend(t, testHostileUploads) }
+
+func testHostileUploads(t *testing.T) {
 	l := listen(t, nil, Options{MaxUploadBytes: 8 << 20, MaxDecompressedBytes: 64 << 20})
 	badSettings := []byte(`{"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "blocks": [{"size": 2097152, "state": "inactive"}]}],
 	  "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": "max_split_size_mb:banana"}}`)
@@ -347,6 +353,10 @@ func TestHostileUploads(t *testing.T) {
 // An upload stops decoding when its client goes away, and when its time
 // budget is spent (413).
 func TestUploadStopsWhenClientGoes(t *testing.T) {
+	testkit.EachBackend(t, testUploadStopsWhenClientGoes)
+}
+
+func testUploadStopsWhenClientGoes(t *testing.T) {
 	l := listen(t, nil, Options{MaxDecompressedBytes: 1 << 30, UploadTimeout: time.Minute})
 	bomb := hostile.DupPop(256 << 20) // 512 MiB decompressed, in about 1 MiB
 	c := rawConn(t, l.addr)
@@ -379,7 +389,9 @@ func TestUploadStopsWhenClientGoes(t *testing.T) {
 
 // Permalinks need the token where writes do, and a client may make only
 // so many a minute.
-func TestPermalinkTokenAndRate(t *testing.T) {
+func TestPermalinkTokenAndRate(t *testing.T) { testkit.EachBackend(t, testPermalinkTokenAndRate) }
+
+func testPermalinkTokenAndRate(t *testing.T) {
 	l := listen(t, nil, Options{Token: "s3cret"})
 	id := makeTrace(t, l.db, "linked", workload{Steps: 2, Layers: 2, Seed: 1})
 	body := func() io.Reader { return strings.NewReader(shareJSON(id, "/traces/"+id+"?t0=1")) }
@@ -409,7 +421,9 @@ func TestPermalinkTokenAndRate(t *testing.T) {
 
 // An upload whose events contradict its segments names what it left out,
 // in its 201 and on the trace page.
-func TestDroppedEventsNamed(t *testing.T) {
+func TestDroppedEventsNamed(t *testing.T) { testkit.EachBackend(t, testDroppedEventsNamed) }
+
+func testDroppedEventsNamed(t *testing.T) {
 	l := listen(t, nil, Options{})
 	js := `{"segments": [{"device": 0, "address": 1048576, "total_size": 2097152, "segment_type": "small",
 	  "blocks": [{"address": 1048576, "size": 2097152, "state": "inactive"}]}],
@@ -439,7 +453,9 @@ func TestDroppedEventsNamed(t *testing.T) {
 
 // The list pages, sorts and filters; 5,000 traces no longer make a page
 // of megabytes.
-func TestListPages(t *testing.T) {
+func TestListPages(t *testing.T) { testkit.EachBackend(t, testListPages) }
+
+func testListPages(t *testing.T) {
 	l := listen(t, nil, Options{})
 	for i := range 120 {
 		meta := gpu.TraceMeta{Name: fmt.Sprintf("trace %03d", i), Source: gpu.SourceTrace, DeviceName: "sim"}

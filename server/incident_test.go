@@ -86,7 +86,9 @@ func row(rows []incident.WhatIf, conf string) *incident.WhatIf {
 	return nil
 }
 
-func TestIncidentFragmentation(t *testing.T) {
+func TestIncidentFragmentation(t *testing.T) { testkit.EachBackend(t, testIncidentFragmentation) }
+
+func testIncidentFragmentation(t *testing.T) {
 	db := testkit.OpenDB(t)
 	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	srv := serve(t, db)
@@ -178,6 +180,10 @@ func TestIncidentFragmentation(t *testing.T) {
 }
 
 func TestIncidentShortageIsNotFragmentation(t *testing.T) {
+	testkit.EachBackend(t, testIncidentShortageIsNotFragmentation)
+}
+
+func testIncidentShortageIsNotFragmentation(t *testing.T) {
 	db := testkit.OpenDB(t)
 	reqs := []replay.Request{
 		{Op: replay.OpMalloc, ID: 1, Size: 40 * MiB},
@@ -208,6 +214,10 @@ func TestIncidentShortageIsNotFragmentation(t *testing.T) {
 }
 
 func TestIncidentOfUploadedSnapshot(t *testing.T) {
+	testkit.EachBackend(t, testIncidentOfUploadedSnapshot)
+}
+
+func testIncidentOfUploadedSnapshot(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join(snapshots, "oom_nonexpandable.json"))
 	if err != nil {
 		t.Skipf("no snapshot: %v", err)
@@ -277,6 +287,10 @@ func getPage(t *testing.T, url string, want int) []byte {
 // While the replays run, the what-if answers 202 and the page asks again;
 // the table is computed once and then served from memory.
 func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
+	testkit.EachBackend(t, testWhatIfRunsOnceInTheBackground)
+}
+
+func testWhatIfRunsOnceInTheBackground(t *testing.T) {
 	db := testkit.OpenDB(t)
 	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	s := New(Options{DB: db, Logger: quietLogger()})
@@ -312,7 +326,9 @@ func TestWhatIfRunsOnceInTheBackground(t *testing.T) {
 }
 
 // A trace without an OOM still gets the memory it needs.
-func TestWhatIfWithoutOOM(t *testing.T) {
+func TestWhatIfWithoutOOM(t *testing.T) { testkit.EachBackend(t, testWhatIfWithoutOOM) }
+
+func testWhatIfWithoutOOM(t *testing.T) {
 	db := testkit.OpenDB(t)
 	reqs := []replay.Request{
 		{Op: replay.OpMalloc, ID: 1, Size: 30 * MiB},

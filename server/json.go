@@ -36,6 +36,10 @@ func (s *Server) storeError(w http.ResponseWriter, r *http.Request, err error) {
 		writeError(w, http.StatusNotFound, "%v", err)
 		return
 	}
+	if store.Unavailable(err) {
+		unavailable(w, err)
+		return
+	}
 	s.log.Error("store", "path", r.URL.Path, "err", err)
 	writeError(w, http.StatusInternalServerError, "%v", err)
 }
@@ -100,4 +104,11 @@ func (p *params) check(w http.ResponseWriter) bool {
 		return false
 	}
 	return true
+}
+
+// unavailable answers a request the database could not serve because it
+// is away (a PostgreSQL restart): 503, to be asked again.
+func unavailable(w http.ResponseWriter, err error) {
+	w.Header().Set("Retry-After", "5")
+	writeError(w, http.StatusServiceUnavailable, "the database is not reachable just now (%v): try again in a moment", err)
 }

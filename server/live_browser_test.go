@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"vramscope/internal/testkit"
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
@@ -19,7 +20,9 @@ import (
 // TestBrowserFollowsLiveTrace streams a running workload to the server and
 // watches its trace page: the badge says live, the window grows with the
 // stream, L pauses and resumes following, and the end of the stream shows.
-func TestBrowserFollowsLiveTrace(t *testing.T) {
+func TestBrowserFollowsLiveTrace(t *testing.T) { testkit.EachBackend(t, testBrowserFollowsLiveTrace) }
+
+func testBrowserFollowsLiveTrace(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	dir := shotDir(t)
@@ -103,6 +106,10 @@ func ftoa(f float64) string { return strconvI(int64(f)) }
 // state: its event list says it had none yet, and the go-to-peak button
 // stays for the peak to come.
 func TestBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
+	testkit.EachBackend(t, testBrowserLiveTraceBeforeItsFirstEvent)
+}
+
+func testBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	c, err := live.Dial(f.srv.URL, "", live.ClientOptions{Meta: gpu.TraceMeta{Name: "live run", Source: gpu.SourceLive, DeviceName: "simulated", Capacity: 16 << 30}})
@@ -123,7 +130,9 @@ func TestBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
 
 // The run page says which ranks are still streaming and which streams
 // ended early: neither is a whole trace.
-func TestBrowserRunOfLiveRanks(t *testing.T) {
+func TestBrowserRunOfLiveRanks(t *testing.T) { testkit.EachBackend(t, testBrowserRunOfLiveRanks) }
+
+func testBrowserRunOfLiveRanks(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	dir := shotDir(t)
@@ -186,6 +195,10 @@ func mustTrace(t *testing.T, f *fixture, id string) gpu.Trace {
 // stay as they were, and once nothing on it is live the list stops
 // reading itself.
 func TestBrowserListFollowsLiveTrace(t *testing.T) {
+	testkit.EachBackend(t, testBrowserListFollowsLiveTrace)
+}
+
+func testBrowserListFollowsLiveTrace(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	dir := shotDir(t)

@@ -17,7 +17,9 @@ import (
 
 // A live stream without the server's token is refused with 401 and
 // nothing is written; with it the stream is stored.
-func TestLiveIngestNeedsTheToken(t *testing.T) {
+func TestLiveIngestNeedsTheToken(t *testing.T) { testkit.EachBackend(t, testLiveIngestNeedsTheToken) }
+
+func testLiveIngestNeedsTheToken(t *testing.T) {
 	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(New(Options{DB: db, Token: "s3cret", Logger: quietLogger()}).Handler())
 	t.Cleanup(srv.Close)
@@ -59,6 +61,10 @@ func TestLiveIngestNeedsTheToken(t *testing.T) {
 // What the websocket upgrade refuses is a JSON error saying why: a plain
 // GET, a page of another site (its origin), on ingest and viewers alike.
 func TestLiveUpgradeRefusalsSayWhy(t *testing.T) {
+	testkit.EachBackend(t, testLiveUpgradeRefusalsSayWhy)
+}
+
+func testLiveUpgradeRefusalsSayWhy(t *testing.T) {
 	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(New(Options{DB: db, Addr: "127.0.0.1:0", Logger: quietLogger()}).Handler())
 	t.Cleanup(srv.Close)

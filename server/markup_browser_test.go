@@ -37,7 +37,9 @@ var pwnedJS = fmt.Sprintf(`(() => {
 // search and selection, the incident, the run, the comparison and a
 // permalink. The page's policy would stop what got through: markup from a
 // string throws, and nothing is logged as refused.
-func TestBrowserMarkupShownAsText(t *testing.T) {
+func TestBrowserMarkupShownAsText(t *testing.T) { testkit.EachBackend(t, testBrowserMarkupShownAsText) }
+
+func testBrowserMarkupShownAsText(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)

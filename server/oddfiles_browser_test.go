@@ -44,7 +44,9 @@ func pageErrors(t *testing.T, ctx context.Context) func() []string {
 // list of segments torch.cuda.memory_snapshot() returns, a state-only
 // dump of two devices) open without a failed request or an error on the
 // page, and say they have no events instead of speaking of event -1.
-func TestBrowserStateOnlySnapshot(t *testing.T) {
+func TestBrowserStateOnlySnapshot(t *testing.T) { testkit.EachBackend(t, testBrowserStateOnlySnapshot) }
+
+func testBrowserStateOnlySnapshot(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	srv := serve(t, db)
@@ -96,7 +98,9 @@ func TestBrowserStateOnlySnapshot(t *testing.T) {
 // A trace view opened on the memory_summary() tab (a shared link) shows
 // the summary at the cursor once the cursor is known, with no error about
 // a missing time on the way.
-func TestBrowserSummaryTabFirst(t *testing.T) {
+func TestBrowserSummaryTabFirst(t *testing.T) { testkit.EachBackend(t, testBrowserSummaryTabFirst) }
+
+func testBrowserSummaryTabFirst(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "training_22k_user_metadata.pickle")[0]
@@ -120,6 +124,10 @@ func TestBrowserSummaryTabFirst(t *testing.T) {
 // failed (no_time_us_segment_churn under roundup_power2_divisions:4 starts
 // larger than the device) wraps inside the page instead of widening it.
 func TestBrowserTabsAndFailedReplay(t *testing.T) {
+	testkit.EachBackend(t, testBrowserTabsAndFailedReplay)
+}
+
+func testBrowserTabsAndFailedReplay(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "no_time_us_segment_churn.pickle")[0]
@@ -156,6 +164,10 @@ func TestBrowserTabsAndFailedReplay(t *testing.T) {
 // The trace list of real snapshots: its figures, durations in events
 // included, and devices keep to one line each; only names may wrap.
 func TestBrowserListOneLineFigures(t *testing.T) {
+	testkit.EachBackend(t, testBrowserListOneLineFigures)
+}
+
+func testBrowserListOneLineFigures(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	for _, name := range []string{"no_time_us_segment_churn.pickle", "two_gpus_expandable_state_only.pickle", "expandable_oom_multigpu.pickle", "training_22k_user_metadata.pickle"} {
@@ -184,7 +196,9 @@ func TestBrowserListOneLineFigures(t *testing.T) {
 // than the bands: the cursor waits for it), the segment map's label says
 // it is loading rather than a time computed from no cursor
 // ("at -29731240.37 min"), then the time at the peak.
-func TestBrowserAreaBandsFirst(t *testing.T) {
+func TestBrowserAreaBandsFirst(t *testing.T) { testkit.EachBackend(t, testBrowserAreaBandsFirst) }
+
+func testBrowserAreaBandsFirst(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "training_22k_user_metadata.pickle")[0]
@@ -211,7 +225,9 @@ func TestBrowserAreaBandsFirst(t *testing.T) {
 
 // A snapshot whose one event spans no time (settings_no_annotations) gets
 // a time axis of distinct whole microseconds, not "0 µs 0 µs 1 µs 1 µs".
-func TestBrowserOneInstantAxis(t *testing.T) {
+func TestBrowserOneInstantAxis(t *testing.T) { testkit.EachBackend(t, testBrowserOneInstantAxis) }
+
+func testBrowserOneInstantAxis(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "settings_no_annotations.pickle")[0]
@@ -233,7 +249,9 @@ func TestBrowserOneInstantAxis(t *testing.T) {
 
 // Two devices of one snapshot compared: their names differ only at the
 // end ("… (cuda:0)", "… (cuda:1)"), so both are shown whole.
-func TestBrowserCompareNamesWhole(t *testing.T) {
+func TestBrowserCompareNamesWhole(t *testing.T) { testkit.EachBackend(t, testBrowserCompareNamesWhole) }
+
+func testBrowserCompareNamesWhole(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	devs := importSnapshot(t, db, "two_gpus_expandable_state_only.pickle")

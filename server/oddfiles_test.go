@@ -11,7 +11,9 @@ import (
 // events as its duration (its times are event indexes, not
 // microseconds), one of no events has none, a snapshot's device is named
 // once, and a page past the last says so and links back.
-func TestListRealSnapshots(t *testing.T) {
+func TestListRealSnapshots(t *testing.T) { testkit.EachBackend(t, testListRealSnapshots) }
+
+func testListRealSnapshots(t *testing.T) {
 	db := testkit.OpenDB(t)
 	noTime := importSnapshot(t, db, "no_time_us_segment_churn.pickle")[0]
 	state := importSnapshot(t, db, "two_gpus_expandable_state_only.pickle")[0]

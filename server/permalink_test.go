@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -49,7 +48,9 @@ func open(t *testing.T, base, path string) (int, string, string) {
 	return res.StatusCode, res.Header.Get("Location"), string(b)
 }
 
-func TestPermalinks(t *testing.T) {
+func TestPermalinks(t *testing.T) { testkit.EachBackend(t, testPermalinks) }
+
+func testPermalinks(t *testing.T) {
 	f := newFixture(t, Options{})
 	view := "/traces/" + f.id + "?t0=1000100&t1=1000900&c=1000500&sel=42&panel=selection"
 	code, out := share(t, f.srv.URL, "application/json", shareJSON(f.id, view))
@@ -116,6 +117,10 @@ func TestPermalinks(t *testing.T) {
 
 // The links `vramscope trace` prints open the incident page.
 func TestIncidentPermalinkOfTraceCommand(t *testing.T) {
+	testkit.EachBackend(t, testIncidentPermalinkOfTraceCommand)
+}
+
+func testIncidentPermalinkOfTraceCommand(t *testing.T) {
 	db := testkit.OpenDB(t)
 	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
 	srv := serve(t, db)
@@ -133,8 +138,10 @@ func TestIncidentPermalinkOfTraceCommand(t *testing.T) {
 	}
 }
 
-func TestPermalinkSurvivesRestart(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "links.db")
+func TestPermalinkSurvivesRestart(t *testing.T) { testkit.EachBackend(t, testPermalinkSurvivesRestart) }
+
+func testPermalinkSurvivesRestart(t *testing.T) {
+	path := testkit.DBPath(t)
 	db, err := store.Open(path)
 	if err != nil {
 		t.Fatal(err)

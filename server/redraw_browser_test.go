@@ -16,6 +16,10 @@ import (
 // 60 times a second, and a long run has tens of thousands of regions), it
 // looks the same copied as drawn, and a zoom draws it again.
 func TestBrowserPhasesDrawnOncePerWindow(t *testing.T) {
+	testkit.EachBackend(t, testBrowserPhasesDrawnOncePerWindow)
+}
+
+func testBrowserPhasesDrawnOncePerWindow(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "uint64_line_annotations.pickle")[0]

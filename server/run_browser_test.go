@@ -19,7 +19,9 @@ import (
 // A simulated 8-rank pipeline: the heatmap's highest peak is stage 0, as
 // the workload knows; clicking that peak opens rank 0's trace with the
 // cursor right after its peak event.
-func TestBrowserRunPage(t *testing.T) {
+func TestBrowserRunPage(t *testing.T) { testkit.EachBackend(t, testBrowserRunPage) }
+
+func testBrowserRunPage(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	job := tracer.Parallel{Train: tracer.DefaultTrain(), Ranks: 8, Mode: tracer.PipelineParallel}
@@ -67,7 +69,9 @@ func TestBrowserRunPage(t *testing.T) {
 // Two snapshots chosen at once on the list page become one run named
 // after them, its page opens; back on the list the run is one row with
 // its ranks folded, and deleting it takes every rank.
-func TestBrowserUploadRun(t *testing.T) {
+func TestBrowserUploadRun(t *testing.T) { testkit.EachBackend(t, testBrowserUploadRun) }
+
+func testBrowserUploadRun(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)

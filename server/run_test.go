@@ -62,7 +62,9 @@ func readSnapshot(t *testing.T, name string) []byte {
 // The two-GPU and the multi-GPU shared snapshots uploaded as one run, the
 // ranks in the folders a browser names: the run, its page, its heatmap,
 // each trace's run, and its deletion.
-func TestUploadRun(t *testing.T) {
+func TestUploadRun(t *testing.T) { testkit.EachBackend(t, testUploadRun) }
+
+func testUploadRun(t *testing.T) {
 	f := newFixture(t, Options{})
 	files := map[string][]byte{
 		"job/rank1/snapshot.pickle": readSnapshot(t, "expandable_oom_multigpu.pickle"),
@@ -140,7 +142,9 @@ func TestUploadRun(t *testing.T) {
 
 // A tar body is a run; a bad file in a run, or ranks that do not fit the
 // files, are the client's mistakes, and nothing is kept.
-func TestUploadRunTarAndRefusals(t *testing.T) {
+func TestUploadRunTarAndRefusals(t *testing.T) { testkit.EachBackend(t, testUploadRunTarAndRefusals) }
+
+func testUploadRunTarAndRefusals(t *testing.T) {
 	f := newFixture(t, Options{})
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -205,6 +209,10 @@ func TestUploadRunTarAndRefusals(t *testing.T) {
 // alone is not what was sent. A form of one file (and other fields) is
 // that file.
 func TestUploadFormOfSeveralFilesNeedsRun(t *testing.T) {
+	testkit.EachBackend(t, testUploadFormOfSeveralFilesNeedsRun)
+}
+
+func testUploadFormOfSeveralFilesNeedsRun(t *testing.T) {
 	f := newFixture(t, Options{})
 	before, _ := f.db.Traces()
 	snap := readSnapshot(t, "settings_no_annotations.pickle")

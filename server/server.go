@@ -185,6 +185,21 @@ func clientIP(r *http.Request) (string, error) {
 // Handler returns the server's http.Handler.
 func (s *Server) Handler() http.Handler { return s.router }
 
+// adoptJobs finishes, until ctx ends, the what-if jobs whose server died
+// (several servers on one database), one every incident.JobLease.
+func (s *Server) adoptJobs(ctx context.Context) {
+	tick := time.NewTicker(incident.JobLease)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			s.whatifs.Adopt()
+		}
+	}
+}
+
 // ListenAndServe serves on opt.Addr until ctx ends, then shuts down
 // gracefully. ready, if not nil, is called with the bound address.
 func (s *Server) ListenAndServe(ctx context.Context, ready func(addr net.Addr)) error {
@@ -207,6 +222,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, ready func(addr net
 	}
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
+	go s.adoptJobs(ctx)
 	select {
 	case err := <-errc:
 		return err

@@ -43,7 +43,9 @@ func shareLink(t *testing.T, ctx context.Context) string {
 	return within(t, ctx, "link", chromedp.Evaluate[string](`document.getElementById("share-link").value`))
 }
 
-func TestBrowserShareAndIncident(t *testing.T) {
+func TestBrowserShareAndIncident(t *testing.T) { testkit.EachBackend(t, testBrowserShareAndIncident) }
+
+func testBrowserShareAndIncident(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	id := testkit.Record(t, db, "frag", tracer.DefaultFrag(), fragCapacity, "")
@@ -179,7 +181,9 @@ func TestBrowserShareAndIncident(t *testing.T) {
 	}
 }
 
-func TestBrowserSnapshotIncident(t *testing.T) {
+func TestBrowserSnapshotIncident(t *testing.T) { testkit.EachBackend(t, testBrowserSnapshotIncident) }
+
+func testBrowserSnapshotIncident(t *testing.T) {
 	ctx := browser(t)
 	f, err := os.Open(filepath.Join(snapshots, "oom_nonexpandable.json"))
 	if err != nil {
@@ -231,7 +235,9 @@ func TestBrowserSnapshotIncident(t *testing.T) {
 }
 
 // The trace view of a run without an OOM says the memory it needs.
-func TestBrowserMemoryNeeded(t *testing.T) {
+func TestBrowserMemoryNeeded(t *testing.T) { testkit.EachBackend(t, testBrowserMemoryNeeded) }
+
+func testBrowserMemoryNeeded(t *testing.T) {
 	ctx := browser(t)
 	f, err := os.Open(filepath.Join(snapshots, "no_time_us_segment_churn.pickle"))
 	if err != nil {

@@ -11,6 +11,10 @@ import (
 // A snapshot's annotations are listed 500 at a time: the rest come with a
 // button, so a run with tens of thousands never lays them all out at once.
 func TestBrowserSnapshotAnnotationsPaged(t *testing.T) {
+	testkit.EachBackend(t, testBrowserSnapshotAnnotationsPaged)
+}
+
+func testBrowserSnapshotAnnotationsPaged(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "uint64_line_annotations.pickle")[0]

@@ -284,6 +284,8 @@ func (s *Server) uploadError(w http.ResponseWriter, r *http.Request, ctx context
 		writeError(w, http.StatusBadRequest, "%s: %v", refused, err)
 	case errors.Is(err, store.ErrDiskFull):
 		writeError(w, http.StatusInsufficientStorage, "storing the snapshot: %v: delete traces or free space", err)
+	case store.Unavailable(err):
+		unavailable(w, fmt.Errorf("storing the snapshot, nothing of which was kept: %w", err))
 	default:
 		s.log.Error("upload", "err", err)
 		writeError(w, http.StatusInternalServerError, "storing the snapshot: %v", err)

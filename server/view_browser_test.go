@@ -63,7 +63,9 @@ func key(t *testing.T, ctx context.Context, k string) {
 // event list steps it, "?" lists the keys, a small allocation folded into
 // the envelope at the whole range is reached by zooming both axes and
 // hovered, and a search of a frame lists and marks its allocations.
-func TestBrowserRealSnapshot(t *testing.T) {
+func TestBrowserRealSnapshot(t *testing.T) { testkit.EachBackend(t, testBrowserRealSnapshot) }
+
+func testBrowserRealSnapshot(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "training_22k_user_metadata.pickle")[0]
@@ -246,7 +248,9 @@ func smallAllocation(t *testing.T, db *store.DB, tr gpu.Trace) (gpu.Allocation, 
 
 // A multi-GPU upload lands on the device that ran out of memory; the
 // device switcher lists the others and opens them.
-func TestBrowserDevices(t *testing.T) {
+func TestBrowserDevices(t *testing.T) { testkit.EachBackend(t, testBrowserDevices) }
+
+func testBrowserDevices(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	snap, err := filepath.Abs(testkit.Snapshot(t, "expandable_oom_multigpu.pickle"))
@@ -267,7 +271,9 @@ func TestBrowserDevices(t *testing.T) {
 }
 
 // A snapshot without times gets an axis of event numbers.
-func TestBrowserEventAxis(t *testing.T) {
+func TestBrowserEventAxis(t *testing.T) { testkit.EachBackend(t, testBrowserEventAxis) }
+
+func testBrowserEventAxis(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
 	tr := importSnapshot(t, db, "no_time_us_segment_churn.pickle")[0]

@@ -34,7 +34,9 @@ func uploadFile(t *testing.T, f *fixture, name string) uploadJSON {
 
 // A multi-GPU upload is one group: every device's trace lists them all,
 // and the upload lands on the device that ran out of memory.
-func TestDevicesOfAnUpload(t *testing.T) {
+func TestDevicesOfAnUpload(t *testing.T) { testkit.EachBackend(t, testDevicesOfAnUpload) }
+
+func testDevicesOfAnUpload(t *testing.T) {
 	f := newFixture(t, Options{})
 	up := uploadFile(t, f, "expandable_oom_multigpu.pickle")
 	if len(up.Traces) != 3 {
@@ -74,7 +76,9 @@ func TestDevicesOfAnUpload(t *testing.T) {
 
 // The snapshot's settings and annotations are kept as written; a snapshot
 // without times says so.
-func TestExtrasOfSnapshots(t *testing.T) {
+func TestExtrasOfSnapshots(t *testing.T) { testkit.EachBackend(t, testExtrasOfSnapshots) }
+
+func testExtrasOfSnapshots(t *testing.T) {
 	f := newFixture(t, Options{})
 	up := uploadFile(t, f, "uint64_line_annotations.pickle")
 	var x struct {
@@ -122,7 +126,9 @@ type searchJSON struct {
 	Address *uint64       `json:"address"`
 }
 
-func TestSearch(t *testing.T) {
+func TestSearch(t *testing.T) { testkit.EachBackend(t, testSearch) }
+
+func testSearch(t *testing.T) {
 	f := newFixture(t, Options{})
 	base := "/api/traces/" + f.id + "/search?q="
 	var s searchJSON
@@ -178,7 +184,9 @@ func TestSearch(t *testing.T) {
 
 // Real stacks come sorted for people: each frame has a kind, the answer a
 // label, and the event list labels its events.
-func TestStacksAndEventsForPeople(t *testing.T) {
+func TestStacksAndEventsForPeople(t *testing.T) { testkit.EachBackend(t, testStacksAndEventsForPeople) }
+
+func testStacksAndEventsForPeople(t *testing.T) {
 	f := newFixture(t, Options{})
 	up := uploadFile(t, f, "expandable_oom_multigpu.pickle")
 	id := up.Traces[1].ID
@@ -213,7 +221,9 @@ func TestStacksAndEventsForPeople(t *testing.T) {
 }
 
 // memory_summary() after an event, as after a time.
-func TestSummaryAtAnEvent(t *testing.T) {
+func TestSummaryAtAnEvent(t *testing.T) { testkit.EachBackend(t, testSummaryAtAnEvent) }
+
+func testSummaryAtAnEvent(t *testing.T) {
 	f := newFixture(t, Options{})
 	tr := f.trace
 	bySeq := string(f.get(t, "/api/traces/"+f.id+"/summary?seq="+itoa(tr.PeakSeq), http.StatusOK))

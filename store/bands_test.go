@@ -74,7 +74,9 @@ func offsetAt(b *Band, c int) (uint64, bool) {
 	return uint64(off), true
 }
 
-func TestBandsAreTheExactStack(t *testing.T) {
+func TestBandsAreTheExactStack(t *testing.T) { eachBackend(t, testBandsAreTheExactStack) }
+
+func testBandsAreTheExactStack(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	evs := g.events(30000)
@@ -147,6 +149,10 @@ func TestBandsAreTheExactStack(t *testing.T) {
 }
 
 func TestBandsOfADenseWindowUseCheckpoints(t *testing.T) {
+	eachBackend(t, testBandsOfADenseWindowUseCheckpoints)
+}
+
+func testBandsOfADenseWindowUseCheckpoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 300k events")
 	}
@@ -187,7 +193,9 @@ func TestBandsOfADenseWindowUseCheckpoints(t *testing.T) {
 	}
 }
 
-func TestBandsRefuseBadQueries(t *testing.T) {
+func TestBandsRefuseBadQueries(t *testing.T) { eachBackend(t, testBandsRefuseBadQueries) }
+
+func testBandsRefuseBadQueries(t *testing.T) {
 	db, _ := openTemp(t)
 	w := writeTrace(t, db, nil, newGen(1, 10).events(100), 0)
 	w.Close(gpu.StatusComplete)

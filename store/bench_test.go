@@ -3,10 +3,13 @@ package store
 import (
 	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
+	"vramscope/internal/pgtest"
 
 	"vramscope/gpu"
 )
@@ -45,6 +48,30 @@ func ingest(tb testing.TB, db *DB, evs []gpu.Event) *Writer {
 	return w
 }
 
+// pgSize is the PostgreSQL database's size on disk, after a checkpoint.
+func pgSize(b *testing.B, db *DB) int64 {
+	var n int64
+	db.w.Exec("CHECKPOINT")
+	if err := db.r.QueryRow("SELECT pg_database_size(current_database())").Scan(&n); err != nil {
+		b.Fatal(err)
+	}
+	return n
+}
+
+// freshBenchDB empties the benchmark database at path (a SQLite file, or a
+// PostgreSQL database) and returns it.
+func freshBenchDB(b *testing.B, path string) string {
+	if IsPostgres(path) {
+		u, _ := url.Parse(path)
+		addr, _ := pgtest.BenchAddr(b, strings.TrimPrefix(u.Path, "/"), true)
+		return addr
+	}
+	for _, p := range []string{path, path + "-wal", path + "-shm"} {
+		os.Remove(p)
+	}
+	return path
+}
+
 func fileSize(path string) int64 {
 	var n int64
 	for _, p := range []string{path, path + "-wal"} {
@@ -64,13 +91,26 @@ func BenchmarkIngest(b *testing.B) {
 	var size int64
 	for i := range b.N {
 		path := filepath.Join(dir, fmt.Sprintf("ingest%d.db", i))
+		addr, pg := pgtest.BenchAddr(b, fmt.Sprintf("bench_ingest%d", i), true)
+		if pg {
+			path = addr
+		}
 		db, err := Open(path)
 		if err != nil {
 			b.Fatal(err)
 		}
+		var empty int64
+		if pg {
+			empty = pgSize(b, db)
+		}
 		ingest(b, db, evs)
+		if pg {
+			size = pgSize(b, db) - empty
+		}
 		db.Close()
-		size = fileSize(path)
+		if !pg {
+			size = fileSize(path)
+		}
 	}
 	b.ReportMetric(float64(n)*float64(b.N)/b.Elapsed().Seconds(), "events/s")
 	b.ReportMetric(float64(size)/n, "bytes/event")
@@ -80,15 +120,16 @@ func BenchmarkIngest(b *testing.B) {
 // events.
 func benchDB(b *testing.B, n int) (*DB, gpu.Trace) {
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-store-bench-v2-%d.db", n))
+	if addr, ok := pgtest.BenchAddr(b, fmt.Sprintf("bench_store_v2_%d", n), false); ok {
+		path = addr
+	}
 	if db, err := Open(path); err == nil {
 		if ts, err := db.Traces(); err == nil && len(ts) == 1 && ts[0].Events == int64(n) && ts[0].Status == gpu.StatusComplete {
 			return db, ts[0]
 		}
 		db.Close()
 	}
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
-		os.Remove(p)
-	}
+	path = freshBenchDB(b, path)
 	db, err := Open(path)
 	if err != nil {
 		b.Fatal(err)
@@ -139,6 +180,14 @@ func window(t gpu.Trace, rng *rand.Rand) (int64, int64) {
 func BenchmarkLayoutAt(b *testing.B) {
 	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
 		_, _, err := db.LayoutAt(t.ID, t.FirstUS+rng.Int64N(t.LastUS-t.FirstUS+1))
+		return err
+	})
+}
+
+// BenchmarkLiveAt: the allocations live at a random instant.
+func BenchmarkLiveAt(b *testing.B) {
+	benchQueries(b, func(db *DB, t gpu.Trace, rng *rand.Rand) error {
+		_, err := db.LiveAt(t.ID, t.FirstUS+rng.Int64N(t.LastUS-t.FirstUS+1))
 		return err
 	})
 }

@@ -1,7 +1,10 @@
-// Package store keeps traces in SQLite: events, stacks, layout checkpoints,
-// a usage pyramid and allocation intervals, written by one goroutine and read
-// by a pool, so that every question the viewer asks costs about what the
-// screen shows, not what the trace holds.
+// Package store keeps traces in a database: events, stacks, layout
+// checkpoints, a usage pyramid and allocation intervals, written by one
+// goroutine and read by a pool, so that every question the viewer asks
+// costs about what the screen shows, not what the trace holds. The
+// database is a SQLite file (the embedded default) or a PostgreSQL
+// database that several servers share (backend.go); no other package
+// knows which.
 package store
 
 import (
@@ -10,21 +13,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"net/url"
-	"os"
 	"path"
-	"path/filepath"
-	"runtime"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
-
-	"github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
 
 	"vramscope/gpu"
-	"vramscope/migrations"
 )
 
 // ErrNotFound is returned (possibly wrapped) for an unknown trace, stack,
@@ -32,13 +27,19 @@ import (
 var ErrNotFound = errors.New("not found")
 
 // DB is an open database: one writer connection owned by one goroutine, and a
-// pool of read-only connections.
+// pool of read connections. What differs between SQLite and PostgreSQL is
+// behind be; nothing outside this package knows which one it talks to.
 type DB struct {
-	path string
-	w    *sql.DB // one connection, used only by the writer goroutine
-	r    *sql.DB // read-only pool
-	jobs chan job
-	done chan struct{}
+	path string // the SQLite file, or the PostgreSQL address without password
+	be   backend
+	// owner is what owner_pid holds for what this handle writes: the
+	// process id on SQLite, this server's session on PostgreSQL.
+	owner int64
+	w     *sql.DB // one connection, used only by the writer goroutine
+	r     *sql.DB // read pool
+	jobs  chan job
+	done  chan struct{}
+	watch watchers
 
 	closeOnce sync.Once
 }
@@ -52,102 +53,37 @@ type job struct {
 	fail  func(error)
 }
 
-func dsn(path string, params string) string {
-	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + params
+// IsPostgres says whether a --db value names a PostgreSQL database
+// (postgres://... or postgresql://...) rather than a SQLite file.
+func IsPostgres(db string) bool {
+	return strings.HasPrefix(db, "postgres://") || strings.HasPrefix(db, "postgresql://")
 }
 
-// Open opens (creating if needed) the database at path, brings its schema up
-// to date and finishes what a process that died left: its live traces are
-// marked incomplete, its unfinished imports and deletes removed. Opening
-// needs no free space: on a full disk it gives up the reserve, and tidying
-// is left for a later open if even that is not enough.
-func Open(path string) (*DB, error) {
-	if abs, err := filepath.Abs(path); err == nil {
-		path = abs
+// Open opens the database db names: a PostgreSQL address
+// (postgres://user@host/dbname), or a SQLite file, made if missing. Its
+// schema is brought up to date and what a writer that died left is
+// finished: its live traces are marked incomplete, its unfinished imports
+// and deletes removed.
+func Open(db string) (*DB, error) {
+	if IsPostgres(db) {
+		return openPostgres(db)
 	}
-	// auto_vacuum takes effect on a new database only; older ones are
-	// converted by enableAutoVacuum when there is room.
-	w, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate&_auto_vacuum=incremental"))
-	if err != nil {
-		return nil, err
-	}
-	w.SetMaxOpenConns(1)
-	w.SetMaxIdleConns(1)
-	w.SetConnMaxLifetime(0)
-	// Readers keep their prepared statements and 16 MiB of pages between
-	// answers: a run's heatmap asks the same few queries of a hundred
-	// traces.
-	r, err := sql.Open("sqlite3", dsn(path, "mode=ro&_busy_timeout=5000&_stmt_cache_size=64&_cache_size=-16384"))
-	if err != nil {
-		w.Close()
-		return nil, err
-	}
-	r.SetMaxOpenConns(max(4, runtime.NumCPU()))
-	r.SetMaxIdleConns(max(4, runtime.NumCPU()))
-	db := &DB{path: path, w: w, r: r, jobs: make(chan job, 4), done: make(chan struct{})}
-	if err := db.roomy(func() error { return migrate(w) }); err != nil {
-		w.Close()
-		r.Close()
-		return nil, openError(path, err)
-	}
-	db.enableAutoVacuum()
+	return openSQLite(db)
+}
+
+// start runs the writer goroutine and tidies what dead writers left.
+func (db *DB) start() error {
 	go db.writeLoop()
 	if err := db.tidy(); err != nil && !errors.Is(err, ErrDiskFull) {
 		db.Close()
-		return nil, openError(path, err)
+		return err
 	}
-	db.takeReserve()
-	return db, nil
+	db.be.takeReserve()
+	return nil
 }
 
-// openError says what is wrong with the database at path, and what to do,
-// where SQLite's words ("unable to open database file: no such file or
-// directory" for a read-only folder) do not.
-func openError(path string, err error) error {
-	dir := filepath.Dir(path)
-	var se sqlite3.Error
-	errors.As(err, &se)
-	if st, serr := os.Stat(path); serr == nil && st.IsDir() {
-		return fmt.Errorf("%s is a folder, not a database file: name a file in it, such as %s", path, filepath.Join(path, "vramscope.db"))
-	}
-	if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
-		return fmt.Errorf("%s: the folder %s does not exist: create it, or choose a database file in a folder that does", path, dir)
-	}
-	if aerr := syscall.Access(dir, 2 /* W_OK */); aerr != nil {
-		return fmt.Errorf("%s: cannot write in its folder %s (%v): a database needs a writable folder for its -wal, -shm and -reserve files: keep it in one", path, dir, aerr)
-	}
-	if aerr := syscall.Access(path, 2 /* W_OK */); aerr != nil && !errors.Is(aerr, fs.ErrNotExist) {
-		return fmt.Errorf("%s is read-only (%v): make it writable (chmod u+w), or copy it", path, aerr)
-	}
-	switch se.Code {
-	case sqlite3.ErrNotADB:
-		return fmt.Errorf("%s is not a SQLite database: choose a vramscope database, or a new file name to make one", path)
-	case sqlite3.ErrBusy, sqlite3.ErrLocked:
-		return fmt.Errorf("%s is locked: another process has been writing to it for over 5 s (a vramscope import or trace into the same file?): try again when it ends, or choose another database file", path)
-	}
-	return fmt.Errorf("%s: %w", path, err)
-}
-
-// enableAutoVacuum turns incremental auto_vacuum on for a database made
-// without it. That takes a VACUUM, which rewrites the whole file: done
-// only when the disk has clearly room for a second copy.
-func (db *DB) enableAutoVacuum() {
-	var mode, pages, size int64
-	if db.w.QueryRow("PRAGMA auto_vacuum").Scan(&mode) != nil || mode == autoVacuumIncremental {
-		return
-	}
-	if db.w.QueryRow("PRAGMA page_count").Scan(&pages) != nil || db.w.QueryRow("PRAGMA page_size").Scan(&size) != nil {
-		return
-	}
-	if free, err := freeSpace(db.path); err != nil || free < uint64(3*pages*size)+4*reserveSize {
-		return
-	}
-	if _, err := db.w.Exec("PRAGMA auto_vacuum = INCREMENTAL"); err == nil {
-		db.w.Exec("VACUUM")
-	}
-}
-
-// Path is the database file's absolute path.
+// Path is the SQLite database file's absolute path, or the PostgreSQL
+// address without its password.
 func (db *DB) Path() string { return db.path }
 
 // Close waits for pending writes and closes the database. Writers still open
@@ -157,7 +93,7 @@ func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
 		close(db.jobs)
 		<-db.done
-		err = errors.Join(db.w.Close(), db.r.Close())
+		err = errors.Join(db.be.close(), db.w.Close(), db.r.Close())
 	})
 	return err
 }
@@ -224,60 +160,6 @@ func (db *DB) queue(j job) (err error) {
 	return nil
 }
 
-// migrate applies the embedded migrations the database lacks, each in its own
-// transaction, recording the version in PRAGMA user_version.
-func migrate(db *sql.DB) error {
-	var cur int
-	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
-		return err
-	}
-	steps, err := migrationFiles()
-	if err != nil {
-		return err
-	}
-	latest := 0
-	if len(steps) > 0 {
-		latest = steps[len(steps)-1].version
-	}
-	if cur > latest {
-		return fmt.Errorf("database schema version %d is newer than this vramscope's %d; use a newer vramscope", cur, latest)
-	}
-	if cur == 0 {
-		// A database of another program: vramscope's tables are not added to it.
-		var other string
-		if err := db.QueryRow("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' LIMIT 1").Scan(&other); err == nil {
-			return fmt.Errorf("a SQLite database of another program (it has a table %q and no vramscope schema): choose a vramscope database, or a new file name to make one", other)
-		} else if !errors.Is(err, sql.ErrNoRows) {
-			return err
-		}
-	}
-	for _, s := range steps {
-		if s.version <= cur {
-			continue
-		}
-		body, err := fs.ReadFile(migrations.FS, s.name)
-		if err != nil {
-			return err
-		}
-		tx, err := db.Begin()
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(string(body)); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-		if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version)); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-	}
-	return nil
-}
-
 type migrationStep struct {
 	version int
 	name    string
@@ -285,8 +167,8 @@ type migrationStep struct {
 
 // migrationFiles lists NNNN_name.sql files in version order, refusing gaps
 // and duplicates so a misnumbered file fails every test at once.
-func migrationFiles() ([]migrationStep, error) {
-	names, err := fs.Glob(migrations.FS, "*.sql")
+func migrationFiles(fsys fs.FS) ([]migrationStep, error) {
+	names, err := fs.Glob(fsys, "*.sql")
 	if err != nil {
 		return nil, err
 	}
@@ -326,6 +208,9 @@ func (db *DB) tidy() error {
 	err := db.roomy(func() error {
 		deleting = deleting[:0]
 		return db.write(func(tx *sql.Tx) error {
+			if err := db.be.lockTx(tx, "tidy"); err != nil {
+				return err
+			}
 			rows, err := tx.Query("SELECT tid, owner_pid, status FROM traces WHERE status IN (?, ?, ?)",
 				string(gpu.StatusLive), statusImporting, statusDeleting)
 			if err != nil {
@@ -352,7 +237,7 @@ func (db *DB) tidy() error {
 				switch {
 				case o.status == statusDeleting:
 					deleting = append(deleting, o.tid)
-				case processAlive(db.path, o.tid, int(o.pid)):
+				case db.alive(o.tid, o.pid):
 				case o.status == statusImporting:
 					if _, err := tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, o.tid); err != nil {
 						return err
@@ -378,15 +263,14 @@ func (db *DB) tidy() error {
 	return nil
 }
 
-func processAlive(path string, tid int64, pid int) bool {
-	if pid == os.Getpid() {
+// alive says whether owner, which wrote trace tid live, still writes it:
+// this handle's own traces are known here; another process's or server's
+// the backend answers.
+func (db *DB) alive(tid, owner int64) bool {
+	if owner == db.owner {
 		liveMu.Lock()
 		defer liveMu.Unlock()
-		return liveTraces[liveKey(path, tid)]
+		return liveTraces[liveKey(db.path, tid)]
 	}
-	if pid <= 0 {
-		return false
-	}
-	err := syscall.Kill(pid, 0)
-	return err == nil || errors.Is(err, syscall.EPERM)
+	return owner > 0 && db.be.alive(owner)
 }

@@ -34,7 +34,9 @@ func importTrace(t testing.TB, db *DB, seed uint64, n, bigStacks int) (*Writer, 
 
 // A sealed import is stored whole but still hidden; once published it
 // reads exactly as the same import published unsealed.
-func TestSealedImport(t *testing.T) {
+func TestSealedImport(t *testing.T) { eachBackend(t, testSealedImport) }
+
+func testSealedImport(t *testing.T) {
 	db, _ := openTemp(t)
 	dropped := gpu.Dropped{Count: 1, First: []gpu.DroppedEvent{{Seq: 7, Reason: "undo: no block"}}}
 	var ws [2]*Writer
@@ -123,7 +125,9 @@ func rows(t *testing.T, db *DB, table string) int {
 
 // An import is seen by no reader until Publish, and then whole: every
 // device's trace at once.
-func TestImportShownWhole(t *testing.T) {
+func TestImportShownWhole(t *testing.T) { eachBackend(t, testImportShownWhole) }
+
+func testImportShownWhole(t *testing.T) {
 	db, _ := openTemp(t)
 	a, err := importTrace(t, db, 1, 20000, 0)
 	if err != nil {
@@ -172,6 +176,10 @@ func TestImportShownWhole(t *testing.T) {
 
 // An import whose process died is removed at the next Open, rows and all.
 func TestUnfinishedImportRemovedAtOpen(t *testing.T) {
+	eachBackend(t, testUnfinishedImportRemovedAtOpen)
+}
+
+func testUnfinishedImportRemovedAtOpen(t *testing.T) {
 	db, path := openTemp(t)
 	keep := writeTrace(t, db, nil, newGen(3, 300).events(1000), 0)
 	if err := keep.Close(gpu.StatusComplete); err != nil {
@@ -241,7 +249,7 @@ func TestOldDatabaseGetsAutoVacuum(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := migrate(raw); err != nil {
+	if err := migrateSQLite(raw); err != nil {
 		t.Fatal(err)
 	}
 	var mode int
@@ -272,7 +280,7 @@ func TestFullDisk(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { db.Close() }()
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Fatalf("no reserve: %v", err)
 	}
 	hostile.Fill(t, dir, 40<<20)
@@ -297,7 +305,7 @@ func TestFullDisk(t *testing.T) {
 	if !errors.Is(full, ErrDiskFull) || len(kept) < 2 {
 		t.Fatalf("after %d imports: %v, want ErrDiskFull", len(kept), full)
 	}
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Errorf("no reserve after the failed import was aborted: %v", err)
 	}
 	if ts, _ := db.Traces(); len(ts) != len(kept) {
@@ -321,7 +329,7 @@ func TestFullDisk(t *testing.T) {
 	// delete takes again.
 	room := func() uint64 {
 		free, _ := freeSpace(dir)
-		if st, err := os.Stat(db.reservePath()); err == nil {
+		if st, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err == nil {
 			free += uint64(st.Size())
 		}
 		return free
@@ -334,7 +342,7 @@ func TestFullDisk(t *testing.T) {
 		t.Errorf("deleted trace: %v", err)
 	}
 	db.direct(func(c *sql.DB) error { _, err := c.Exec("PRAGMA wal_checkpoint(TRUNCATE)"); return err })
-	if _, err := os.Stat(db.reservePath()); err != nil {
+	if _, err := os.Stat(db.be.(*sqliteBackend).reservePath()); err != nil {
 		t.Errorf("no reserve after the delete: %v", err)
 	}
 	freeAfter := room()
@@ -352,7 +360,9 @@ func TestFullDisk(t *testing.T) {
 
 // Live traces that never got an event are deleted once old enough, unless
 // a writer holds them.
-func TestExpireEmpty(t *testing.T) {
+func TestExpireEmpty(t *testing.T) { eachBackend(t, testExpireEmpty) }
+
+func testExpireEmpty(t *testing.T) {
 	db, _ := openTemp(t)
 	meta := testMeta
 	meta.Source = gpu.SourceLive
@@ -381,7 +391,9 @@ func TestExpireEmpty(t *testing.T) {
 }
 
 // The list pages, sorts and filters.
-func TestTraceList(t *testing.T) {
+func TestTraceList(t *testing.T) { eachBackend(t, testTraceList) }
+
+func testTraceList(t *testing.T) {
 	db, _ := openTemp(t)
 	for i := range 7 {
 		meta := testMeta
@@ -427,7 +439,9 @@ func TestTraceList(t *testing.T) {
 }
 
 // Settings that do not parse are refused at creation, naming them.
-func TestBadSettingsRefused(t *testing.T) {
+func TestBadSettingsRefused(t *testing.T) { eachBackend(t, testBadSettingsRefused) }
+
+func testBadSettingsRefused(t *testing.T) {
 	db, _ := openTemp(t)
 	meta := testMeta
 	meta.Settings = "max_split_size_mb:banana"

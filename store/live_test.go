@@ -10,7 +10,9 @@ import (
 // The live set after any event is the layout's allocated blocks, each with
 // its segment's stream, the time of its alloc event, its stack and the
 // user_metadata of that event.
-func TestLiveSet(t *testing.T) {
+func TestLiveSet(t *testing.T) { eachBackend(t, testLiveSet) }
+
+func testLiveSet(t *testing.T) {
 	db, _ := openTemp(t)
 	g := newGen(3, 300)
 	g.stacks = 5
@@ -87,7 +89,9 @@ func TestLiveSet(t *testing.T) {
 // Read.Describe as LiveAt describes it: from before the trace to after its
 // end, over chunk and checkpoint boundaries, with times repeated; times
 // that decrease are refused.
-func TestLiveAtEach(t *testing.T) {
+func TestLiveAtEach(t *testing.T) { eachBackend(t, testLiveAtEach) }
+
+func testLiveAtEach(t *testing.T) {
 	db, _ := openTemp(t)
 	g := newGen(5, 300)
 	g.stacks = 5
@@ -131,7 +135,9 @@ func TestLiveAtEach(t *testing.T) {
 // Peaks gives, for spans of any length and place (overlapping, empty,
 // past the end), the first event at the greatest allocated bytes in the
 // span, or the state entering it.
-func TestPeaks(t *testing.T) {
+func TestPeaks(t *testing.T) { eachBackend(t, testPeaks) }
+
+func testPeaks(t *testing.T) {
 	db, _ := openTemp(t)
 	evs := newGen(5, 200).events(3 * chunkSize)
 	w := writeTrace(t, db, nil, evs, 0)
@@ -179,7 +185,9 @@ func TestPeaks(t *testing.T) {
 
 // MetadataChanges lists where user_metadata changes, runs that say the
 // same merged, with the time of their first event.
-func TestMetadataChanges(t *testing.T) {
+func TestMetadataChanges(t *testing.T) { eachBackend(t, testMetadataChanges) }
+
+func testMetadataChanges(t *testing.T) {
 	db, _ := openTemp(t)
 	evs := newGen(3, 50).events(3000)
 	w := writeTrace(t, db, nil, evs, 0)

@@ -68,7 +68,7 @@ type ListQuery struct {
 
 // ListSorts are the orders of the trace list, by the column they sort.
 var ListSorts = map[string]string{
-	"created": "created_us", "name": "name COLLATE NOCASE", "source": "source", "status": "status",
+	"created": "created_us", "name": "lower(name)", "source": "source", "status": "status",
 	"events": "event_count", "peak": "peak_reserved", "ooms": "oom_count", "duration": "last_us - first_us",
 }
 
@@ -86,11 +86,11 @@ func (db *DB) TraceList(q ListQuery) ([]gpu.Trace, int, error) {
 	where := []string{hidden}
 	var args []any
 	if q.Name != "" {
-		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(q.Name) + "%"
+		like := "%" + strings.NewReplacer(`\`, `\\`, "%", `\%`, "_", `\_`).Replace(strings.ToLower(q.Name)) + "%"
 		if q.GroupRuns {
-			where = append(where, `(name LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE r.name LIKE ?1 ESCAPE '\'))`)
+			where = append(where, `(lower(name) LIKE ?1 ESCAPE '\' OR upload IN (SELECT u.id FROM uploads u JOIN runs r ON r.id = u.run WHERE lower(r.name) LIKE ?1 ESCAPE '\'))`)
 		} else {
-			where = append(where, "name LIKE ?1 ESCAPE '\\'")
+			where = append(where, "lower(name) LIKE ?1 ESCAPE '\\'")
 		}
 		args = append(args, like)
 	}
@@ -191,7 +191,7 @@ func (db *DB) DeleteTrace(id string) error {
 			if err != nil {
 				return err
 			}
-			if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+			if gpu.TraceStatus(status) == gpu.StatusLive && db.alive(tid, pid) {
 				return fmt.Errorf("trace %q is being written; stop its writer first: %w", id, ErrBusy)
 			}
 			_, err = tx.Exec("UPDATE traces SET status = ? WHERE tid = ?", statusDeleting, tid)
@@ -217,7 +217,7 @@ type reader struct {
 }
 
 func (db *DB) begin(id string) (*reader, error) {
-	tx, err := db.r.BeginTx(context.Background(), &sql.TxOptions{ReadOnly: true})
+	tx, err := db.r.BeginTx(context.Background(), db.be.readOptions())
 	if err != nil {
 		return nil, err
 	}
@@ -372,32 +372,54 @@ func (r *reader) eventsWithEnds(from, to int64, fn func(e *gpu.Event, ends bool)
 	if first.Valid {
 		start = first.Int64
 	}
-	rows, err := r.tx.Query("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq >= ? AND first_seq < ? ORDER BY first_seq", r.tid, start, to)
+	// A page of chunks at a time, read whole before fn sees an event: fn
+	// may query the same transaction, which PostgreSQL cannot while a
+	// query's rows are still coming.
+	for {
+		page, err := r.chunkPage(start, to)
+		if err != nil || len(page) == 0 {
+			return err
+		}
+		for _, c := range page {
+			more := true
+			err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
+				if e.Seq >= to {
+					more = false
+					return false
+				}
+				if e.Seq >= from {
+					more = fn(e, ends)
+				}
+				return more
+			})
+			if err != nil || !more {
+				return err
+			}
+		}
+		start = page[len(page)-1].firstSeq + 1
+	}
+}
+
+// chunkPageSize: chunks read by one query of a walk over events.
+const chunkPageSize = 32
+
+// chunkPage reads the chunks from first_seq start up to to, a page of them.
+func (r *reader) chunkPage(start, to int64) ([]*chunk, error) {
+	rows, err := r.tx.Query("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq >= ? AND first_seq < ? ORDER BY first_seq LIMIT ?",
+		r.tid, start, to, chunkPageSize)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer rows.Close()
+	var page []*chunk
 	for rows.Next() {
 		c, err := scanChunk(rows)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		more := true
-		err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
-			if e.Seq >= to {
-				more = false
-				return false
-			}
-			if e.Seq >= from {
-				more = fn(e, ends)
-			}
-			return more
-		})
-		if err != nil || !more {
-			return err
-		}
+		page = append(page, c)
 	}
-	return rows.Err()
+	return page, rows.Err()
 }
 
 // Events returns the events with from <= Seq < to. BlockSize is filled in
@@ -714,13 +736,16 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	// Decode the events of buckets without a row: the chunks overlapping
 	// the window whose buckets are not all stored.
 	var decode []int64
-	crow, err := r.tx.Query("SELECT rowid, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? ORDER BY last_us, first_us", r.tid, startUS)
+	// Bounded at both ends: PostgreSQL sends every row a query selects,
+	// however early the loop below stops reading.
+	crow, err := r.tx.Query("SELECT first_seq, first_us, last_us FROM chunks WHERE tid = ? AND last_us >= ? AND first_us <= ? ORDER BY last_us, first_us",
+		r.tid, startUS, endUS)
 	if err != nil {
 		return Usage{}, err
 	}
 	for crow.Next() {
-		var rowid, f, l int64
-		if err := crow.Scan(&rowid, &f, &l); err != nil {
+		var first, f, l int64
+		if err := crow.Scan(&first, &f, &l); err != nil {
 			crow.Close()
 			return Usage{}, err
 		}
@@ -729,7 +754,7 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 		}
 		for b := max(f, startUS)>>k - b0; b <= min(l, endUS)>>k-b0; b++ {
 			if !stored[b] {
-				decode = append(decode, rowid)
+				decode = append(decode, first)
 				break
 			}
 		}
@@ -738,8 +763,8 @@ func (db *DB) UsageOf(id string, t0, t1 int64, n int, s Series) (Usage, error) {
 	if err := crow.Err(); err != nil {
 		return Usage{}, err
 	}
-	for _, rowid := range decode {
-		c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE rowid = ?", rowid))
+	for _, first := range decode {
+		c, err := scanChunk(r.tx.QueryRow("SELECT "+chunkCols+" FROM chunks WHERE tid = ? AND first_seq = ?", r.tid, first))
 		if err != nil {
 			return Usage{}, err
 		}

@@ -11,6 +11,10 @@ import (
 // The writer refuses what the event encoding cannot hold, whatever sent it,
 // instead of storing a trace that cannot be read back.
 func TestWriterRefusesUnencodableEvents(t *testing.T) {
+	eachBackend(t, testWriterRefusesUnencodableEvents)
+}
+
+func testWriterRefusesUnencodableEvents(t *testing.T) {
 	seg := gpu.Event{Seq: 0, TimeUS: 1, Action: gpu.ActionSegmentAlloc, Addr: 1 << 21, Size: 2 << 20}
 	alloc := gpu.Event{Seq: 1, TimeUS: 2, Action: gpu.ActionAlloc, Addr: 1 << 21, Size: 512}
 	for _, c := range []struct {
@@ -78,7 +82,9 @@ func TestWriterRefusesUnencodableEvents(t *testing.T) {
 
 // Of two resumes of one trace racing, from two handles on the same file,
 // exactly one gets a writer.
-func TestResumeRaceHasOneWinner(t *testing.T) {
+func TestResumeRaceHasOneWinner(t *testing.T) { eachBackend(t, testResumeRaceHasOneWinner) }
+
+func testResumeRaceHasOneWinner(t *testing.T) {
 	db, path := openTemp(t)
 	db2, err := Open(path)
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 
 	"vramscope/gpu"
 )
@@ -40,6 +39,9 @@ func (db *DB) claim(id string) (int64, claimed, error) {
 	var prev claimed
 	registered := false
 	err := db.write(func(tx *sql.Tx) error {
+		if err := db.be.lockTx(tx, "claim"); err != nil {
+			return err
+		}
 		var t gpu.Trace
 		var err error
 		if tid, t, err = lookup(tx, id); err != nil {
@@ -50,12 +52,12 @@ func (db *DB) claim(id string) (int64, claimed, error) {
 		}
 		prev.status = t.Status
 		switch {
-		case t.Status == gpu.StatusLive && processAlive(db.path, tid, int(prev.pid)):
+		case t.Status == gpu.StatusLive && db.alive(tid, prev.pid):
 			return fmt.Errorf("store: trace %s is still being written", id)
 		case t.Status != gpu.StatusLive && t.Status != gpu.StatusIncomplete:
 			return fmt.Errorf("store: trace %s is %s; only live or incomplete traces can be resumed", id, t.Status)
 		}
-		if _, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(gpu.StatusLive), os.Getpid(), tid); err != nil {
+		if _, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ?", string(gpu.StatusLive), db.owner, tid); err != nil {
 			return err
 		}
 		// Registered before the commit: a claim that runs after this one
@@ -80,7 +82,7 @@ func (db *DB) unclaim(tid int64, prev claimed) error {
 	defer db.unregister(tid)
 	return db.write(func(tx *sql.Tx) error {
 		_, err := tx.Exec("UPDATE traces SET status = ?, owner_pid = ? WHERE tid = ? AND status = ? AND owner_pid = ?",
-			string(prev.status), prev.pid, tid, string(gpu.StatusLive), os.Getpid())
+			string(prev.status), prev.pid, tid, string(gpu.StatusLive), db.owner)
 		return err
 	})
 }
@@ -118,7 +120,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 
 	// Totals and counts after the last event; an unfilled last chunk is
 	// taken up again and rewritten as it grows.
-	c, err := r.oneChunk("1 ORDER BY first_seq DESC LIMIT 1")
+	c, err := r.oneChunk("true ORDER BY first_seq DESC LIMIT 1")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -183,7 +185,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 // loadBins takes up the unfilled last row of every allocation bin.
 func (w *Writer) loadBins(r *reader) error {
 	rows, err := r.tx.Query(`SELECT c.sclass, c.dclass, b.min_free, b.first_seq, b.max_free, b.n, b.data
-		FROM alloc_classes c JOIN alloc_bins b ON b.rowid = (SELECT rowid FROM alloc_bins
+		FROM alloc_classes c JOIN alloc_bins b ON b.tid = c.tid AND b.sclass = c.sclass AND b.dclass = c.dclass AND (b.min_free, b.first_seq) = (SELECT min_free, first_seq FROM alloc_bins
 			WHERE tid = c.tid AND sclass = c.sclass AND dclass = c.dclass ORDER BY min_free DESC, first_seq DESC LIMIT 1)
 		WHERE c.tid = ?`, r.tid)
 	if err != nil {

@@ -45,6 +45,9 @@ func (db *DB) JoinRun(name string, worldSize int, u gpu.Upload) (gpu.Upload, err
 	}
 	u.ID = NewUploadID()
 	err := db.write(func(tx *sql.Tx) error {
+		if err := db.be.lockTx(tx, "runs"); err != nil {
+			return err
+		}
 		err := tx.QueryRow(`SELECT id FROM runs r WHERE name = ? AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.run = r.id AND u.rank = ?)
 			ORDER BY created_us DESC LIMIT 1`, name, u.Rank).Scan(&u.Run)
 		switch {
@@ -52,7 +55,7 @@ func (db *DB) JoinRun(name string, worldSize int, u gpu.Upload) (gpu.Upload, err
 			u.Run = newTraceID()
 			err = insertRun(tx, u.Run, name, worldSize)
 		case err == nil && worldSize > 0:
-			_, err = tx.Exec("UPDATE runs SET world_size = max(world_size, ?) WHERE id = ?", worldSize, u.Run)
+			_, err = tx.Exec("UPDATE runs SET world_size = CASE WHEN world_size > ?1 THEN world_size ELSE ?1 END WHERE id = ?2", worldSize, u.Run)
 		}
 		if err != nil {
 			return err
@@ -178,7 +181,7 @@ func (db *DB) DeleteRun(id string) error {
 					rows.Close()
 					return err
 				}
-				if gpu.TraceStatus(status) == gpu.StatusLive && processAlive(db.path, tid, int(pid)) {
+				if gpu.TraceStatus(status) == gpu.StatusLive && db.alive(tid, pid) {
 					rows.Close()
 					return fmt.Errorf("trace %q of run %q is being written; stop its writer first: %w", trace, id, ErrBusy)
 				}

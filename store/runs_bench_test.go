@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"vramscope/internal/pgtest"
 
 	"vramscope/gpu"
 )
@@ -16,6 +17,9 @@ import (
 // rows copied for the other ranks.
 func benchRunDB(b *testing.B, ranks, n int) (*DB, gpu.Run) {
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-run-bench-v1-%dx%d.db", ranks, n))
+	if addr, ok := pgtest.BenchAddr(b, fmt.Sprintf("bench_run_v1_%dx%d", ranks, n), false); ok {
+		path = addr
+	}
 	if db, err := Open(path); err == nil {
 		if runs, err := db.runIDs(); err == nil && len(runs) == 1 {
 			if r, err := db.Run(runs[0]); err == nil && len(r.Ranks) == ranks && r.Ranks[ranks-1].Traces[0].Events == int64(n) {
@@ -24,9 +28,7 @@ func benchRunDB(b *testing.B, ranks, n int) (*DB, gpu.Run) {
 		}
 		db.Close()
 	}
-	for _, p := range []string{path, path + "-wal", path + "-shm"} {
-		os.Remove(p)
-	}
+	path = freshBenchDB(b, path)
 	db, err := Open(path)
 	if err != nil {
 		b.Fatal(err)
@@ -66,22 +68,12 @@ func benchRunDB(b *testing.B, ranks, n int) (*DB, gpu.Run) {
 // copyTrace copies the rows of trace tid that usage reads as a new trace
 // of upload.
 func copyTrace(tx *sql.Tx, tid int64, id, upload string) error {
-	if _, err := tx.Exec("CREATE TEMP TABLE IF NOT EXISTS copied AS SELECT * FROM traces WHERE 0"); err != nil {
-		return err
-	}
-	for _, q := range []string{"DELETE FROM temp.copied", "INSERT INTO temp.copied SELECT * FROM traces WHERE tid = ?1"} {
-		if _, err := tx.Exec(q, tid); err != nil {
-			return err
-		}
-	}
-	if _, err := tx.Exec("UPDATE temp.copied SET tid = NULL, id = ?, upload = ?", id, upload); err != nil {
-		return err
-	}
-	res, err := tx.Exec("INSERT INTO traces SELECT * FROM temp.copied")
-	if err != nil {
-		return err
-	}
-	to, err := res.LastInsertId()
+	const cols = `name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, event_count,
+		first_seq, last_seq, first_us, last_us, peak_reserved, peak_allocated, peak_active, oom_count, created_us,
+		has_time, peak_seq, peak_us, dropped`
+	var to int64
+	err := tx.QueryRow("INSERT INTO traces (id, upload, "+cols+") SELECT ?, ?, "+cols+" FROM traces WHERE tid = ? RETURNING tid",
+		id, upload, tid).Scan(&to)
 	if err != nil {
 		return err
 	}

@@ -39,7 +39,9 @@ func deviceTrace(t *testing.T, db *DB, upload string, dev, n int, seed uint64) g
 	return tr
 }
 
-func TestRunGroupsRanks(t *testing.T) {
+func TestRunGroupsRanks(t *testing.T) { eachBackend(t, testRunGroupsRanks) }
+
+func testRunGroupsRanks(t *testing.T) {
 	db, _ := openTemp(t)
 	empty := countRows(t, db)
 	run, err := db.CreateRun("job", 4)
@@ -130,7 +132,9 @@ func TestRunGroupsRanks(t *testing.T) {
 
 // A grouped list shows a run once, as its rank that peaked highest, and
 // finds it by the run's name; traces of no run are listed as they are.
-func TestTraceListGroupsRuns(t *testing.T) {
+func TestTraceListGroupsRuns(t *testing.T) { eachBackend(t, testTraceListGroupsRuns) }
+
+func testTraceListGroupsRuns(t *testing.T) {
 	db, _ := openTemp(t)
 	run, err := db.CreateRun("pipeline job", 3)
 	if err != nil {
@@ -168,7 +172,9 @@ func TestTraceListGroupsRuns(t *testing.T) {
 	}
 }
 
-func TestJoinRun(t *testing.T) {
+func TestJoinRun(t *testing.T) { eachBackend(t, testJoinRun) }
+
+func testJoinRun(t *testing.T) {
 	db, _ := openTemp(t)
 	join := func(name string, rank, world int) gpu.Upload {
 		t.Helper()
@@ -207,7 +213,9 @@ func TestJoinRun(t *testing.T) {
 
 // Usages answers as Usage does, trace by trace, with only the series it
 // is asked for.
-func TestUsagesOfARun(t *testing.T) {
+func TestUsagesOfARun(t *testing.T) { eachBackend(t, testUsagesOfARun) }
+
+func testUsagesOfARun(t *testing.T) {
 	db, _ := openTemp(t)
 	run, _ := db.CreateRun("job", 0)
 	var ids []string
@@ -243,7 +251,9 @@ func TestUsagesOfARun(t *testing.T) {
 
 // A run's heatmap: a row per trace in rank order, each bucket the
 // greatest value of its series, the peaks and the first OOM marked.
-func TestRunHeatmap(t *testing.T) {
+func TestRunHeatmap(t *testing.T) { eachBackend(t, testRunHeatmap) }
+
+func testRunHeatmap(t *testing.T) {
 	db, _ := openTemp(t)
 	run, _ := db.CreateRun("job", 2)
 	a := rankTrace(t, db, run, 1, 0, 4000, 1)

@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/mattn/go-sqlite3"
 
 	"vramscope/gpu"
@@ -35,13 +36,15 @@ const (
 	vacuumStep = 1000
 )
 
-func (db *DB) reservePath() string { return db.path + "-reserve" }
+func (b *sqliteBackend) reservePath() string { return b.path + "-reserve" }
 
-// isFull says whether err is SQLite, or the OS under it, finding no room.
+// isFull says whether err is the database, or the OS under it, finding no
+// room.
 func isFull(err error) bool {
 	var se sqlite3.Error
+	var pe *pgconn.PgError
 	return errors.Is(err, ErrDiskFull) || errors.As(err, &se) && (se.Code == sqlite3.ErrFull || se.SystemErrno == syscall.ENOSPC) ||
-		errors.Is(err, syscall.ENOSPC)
+		errors.As(err, &pe) && pe.Code == "53100" /* disk_full */ || errors.Is(err, syscall.ENOSPC)
 }
 
 // full wraps an error of a full disk as ErrDiskFull.
@@ -53,8 +56,11 @@ func full(err error) error {
 }
 
 // FreeSpace is the space left for the database on its file system, not
-// counting the reserve.
-func (db *DB) FreeSpace() (uint64, error) { return freeSpace(db.path) }
+// counting the reserve; an error where the store cannot know it (a
+// database server's disk).
+func (db *DB) FreeSpace() (uint64, error) { return db.be.freeSpace() }
+
+func (b *sqliteBackend) freeSpace() (uint64, error) { return freeSpace(b.path) }
 
 func freeSpace(path string) (uint64, error) {
 	var st syscall.Statfs_t
@@ -67,12 +73,12 @@ func freeSpace(path string) (uint64, error) {
 // takeReserve writes the reserve file if it is missing and the disk has
 // room for it. It comes before anything else: without it, a full disk
 // could hold a database that cannot even be opened.
-func (db *DB) takeReserve() {
-	p := db.reservePath()
+func (b *sqliteBackend) takeReserve() {
+	p := b.reservePath()
 	if st, err := os.Stat(p); err == nil && st.Size() >= reserveSize {
 		return
 	}
-	if free, err := freeSpace(db.path); err != nil || free < reserveSize+1<<20 {
+	if free, err := freeSpace(b.path); err != nil || free < reserveSize+1<<20 {
 		return
 	}
 	f, err := os.OpenFile(p, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
@@ -90,13 +96,13 @@ func (db *DB) takeReserve() {
 }
 
 // giveReserve removes the reserve file; true if there was one.
-func (db *DB) giveReserve() bool { return os.Remove(db.reservePath()) == nil }
+func (b *sqliteBackend) giveReserve() bool { return os.Remove(b.reservePath()) == nil }
 
 // roomy runs fn; when it meets a full disk, it gives up the reserve and
 // runs it once more.
 func (db *DB) roomy(fn func() error) error {
 	err := fn()
-	if isFull(err) && db.giveReserve() {
+	if isFull(err) && db.be.giveReserve() {
 		err = fn()
 	}
 	return full(err)
@@ -136,11 +142,11 @@ func (db *DB) remove(tid int64) error {
 	if _, err := exec("DELETE FROM permalinks WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
 		return err
 	}
+	if _, err := exec("DELETE FROM jobs WHERE trace_id = (SELECT id FROM traces WHERE tid = ?)", tid); err != nil {
+		return err
+	}
 	for _, t := range traceTables {
-		key, ok := withoutRowid[t]
-		if !ok {
-			key = "rowid"
-		}
+		key := db.be.deleteKey(t)
 		q := fmt.Sprintf("DELETE FROM %s WHERE (%s) IN (SELECT %s FROM %s WHERE tid = ? LIMIT %d)", t, key, key, t, deleteBatch)
 		for {
 			n, err := exec(q, tid)
@@ -161,10 +167,10 @@ func (db *DB) remove(tid int64) error {
 			return err
 		}
 	}
-	if err := db.vacuum(); err != nil {
+	if err := db.be.compact(db); err != nil {
 		return err
 	}
-	db.takeReserve()
+	db.be.takeReserve()
 	return nil
 }
 
@@ -184,10 +190,10 @@ var withoutRowid = map[string]string{
 	"event_extras": "tid, xid", "event_extra_runs": "tid, first_seq", "snapshot_segments": "tid, n",
 }
 
-// vacuum gives the free pages back to the file system, a step at a time
+// compact gives the free pages back to the file system, a step at a time
 // (a database made before auto_vacuum was on keeps them for reuse), then
 // shrinks the log.
-func (db *DB) vacuum() error {
+func (b *sqliteBackend) compact(db *DB) error {
 	defer db.shrinkLog()
 	last := int64(-1)
 	for {
@@ -238,7 +244,7 @@ func (db *DB) ExpireEmpty(source gpu.TraceSource, before time.Time) (int, error)
 				rows.Close()
 				return err
 			}
-			if gpu.TraceStatus(status) != gpu.StatusLive || !processAlive(db.path, tid, int(pid)) {
+			if gpu.TraceStatus(status) != gpu.StatusLive || !db.alive(tid, pid) {
 				gone = append(gone, tid)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"sort"
 	"strings"
@@ -11,11 +12,28 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
+	"vramscope/internal/pgtest"
+	"vramscope/migrations"
 )
 
+// eachBackend runs test on SQLite, then on PostgreSQL: openTemp opens the
+// database its subtest names.
+func eachBackend(t *testing.T, test func(t *testing.T)) {
+	t.Run("sqlite", test)
+	t.Run("postgres", test)
+}
+
+// onPostgres says whether t is (within) eachBackend's postgres subtest.
+func onPostgres(t testing.TB) bool { return strings.Contains(t.Name()+"/", "/postgres/") }
+
+// openTemp opens a new database: a SQLite file, or within eachBackend's
+// postgres subtest a PostgreSQL database. The path reopens it.
 func openTemp(t testing.TB) (*DB, string) {
 	t.Helper()
 	path := t.TempDir() + "/test.db"
+	if onPostgres(t) {
+		path = pgtest.Addr(t)
+	}
 	db, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
@@ -60,7 +78,7 @@ func testStack(i int) gpu.Stack {
 
 func TestMigrationsAndNewerVersion(t *testing.T) {
 	db, path := openTemp(t)
-	steps, err := migrationFiles()
+	steps, err := migrationFiles(migrations.FS)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +195,9 @@ func sameLayout(t *testing.T, what string, got, want *gpu.Layout) {
 	}
 }
 
-func TestRoundTrip(t *testing.T) {
+func TestRoundTrip(t *testing.T) { eachBackend(t, testRoundTrip) }
+
+func testRoundTrip(t *testing.T) {
 	db, _ := openTemp(t)
 	g := newGen(1, 300)
 	g.stacks = 20
@@ -238,7 +258,9 @@ func TestRoundTrip(t *testing.T) {
 }
 
 // Sources that do not know block sizes get them from the layout.
-func TestBlockSizeDerived(t *testing.T) {
+func TestBlockSizeDerived(t *testing.T) { eachBackend(t, testBlockSizeDerived) }
+
+func testBlockSizeDerived(t *testing.T) {
 	db, _ := openTemp(t)
 	evs := newGen(2, 100).events(5000)
 	in := append([]gpu.Event(nil), evs...)
@@ -255,7 +277,9 @@ func TestBlockSizeDerived(t *testing.T) {
 	}
 }
 
-func TestBadEventFails(t *testing.T) {
+func TestBadEventFails(t *testing.T) { eachBackend(t, testBadEventFails) }
+
+func testBadEventFails(t *testing.T) {
 	db, _ := openTemp(t)
 	w, err := db.CreateTrace(testMeta, nil)
 	if err != nil {
@@ -296,7 +320,9 @@ func initialLayout() (*gpu.Layout, *gen) {
 // many events as it has blocks, not every checkpointEvery: its
 // checkpoints stay in proportion to the events; and the layout at any
 // event still reads back exactly.
-func TestLargeLayoutCheckpoints(t *testing.T) {
+func TestLargeLayoutCheckpoints(t *testing.T) { eachBackend(t, testLargeLayoutCheckpoints) }
+
+func testLargeLayoutCheckpoints(t *testing.T) {
 	db, _ := openTemp(t)
 	g := newGen(11, 2*checkpointEvery+4000)
 	g.events(12 * checkpointEvery) // up to the target: a large layout to start from
@@ -331,7 +357,9 @@ func TestLargeLayoutCheckpoints(t *testing.T) {
 	}
 }
 
-func TestLayoutAt(t *testing.T) {
+func TestLayoutAt(t *testing.T) { eachBackend(t, testLayoutAt) }
+
+func testLayoutAt(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	evs := g.events(25000)
@@ -408,7 +436,9 @@ func bruteUsage(ref *reference, u Usage) []UsageBucket {
 	return out
 }
 
-func TestUsage(t *testing.T) {
+func TestUsage(t *testing.T) { eachBackend(t, testUsage) }
+
+func testUsage(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	evs := g.events(20000)
@@ -486,7 +516,9 @@ func bruteAllocations(ref *reference, t0, t1 int64, minBytes uint64, limit int) 
 	return out
 }
 
-func TestAllocations(t *testing.T) {
+func TestAllocations(t *testing.T) { eachBackend(t, testAllocations) }
+
+func testAllocations(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	g.stacks = 10
@@ -560,7 +592,9 @@ func countRows(t *testing.T, db *DB) int {
 	return total
 }
 
-func TestAbortLeavesNothing(t *testing.T) {
+func TestAbortLeavesNothing(t *testing.T) { eachBackend(t, testAbortLeavesNothing) }
+
+func testAbortLeavesNothing(t *testing.T) {
 	db, _ := openTemp(t)
 	keep := writeTrace(t, db, nil, newGen(5, 50).events(3000), 0)
 	if err := keep.Close(gpu.StatusComplete); err != nil {
@@ -614,7 +648,9 @@ func TestTraceIDsNeverStartWithADash(t *testing.T) {
 // checkpoint and the events after it; they equal a count from the start,
 // also for a trace whose checkpoints hold no statistics (stored before
 // they did).
-func TestStatsAtUseCheckpoints(t *testing.T) {
+func TestStatsAtUseCheckpoints(t *testing.T) { eachBackend(t, testStatsAtUseCheckpoints) }
+
+func testStatsAtUseCheckpoints(t *testing.T) {
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	evs := g.events(3*checkpointEvery + 500)
@@ -656,7 +692,9 @@ func TestStatsAtUseCheckpoints(t *testing.T) {
 
 // Search finds exactly the allocations whose stack names the text or whose
 // range holds the address, first by seq.
-func TestSearchFindsEveryMatch(t *testing.T) {
+func TestSearchFindsEveryMatch(t *testing.T) { eachBackend(t, testSearchFindsEveryMatch) }
+
+func testSearchFindsEveryMatch(t *testing.T) {
 	db, _ := openTemp(t)
 	g := newGen(5, 300)
 	g.stacks = 20
@@ -692,4 +730,10 @@ func TestSearchFindsEveryMatch(t *testing.T) {
 			t.Fatalf("%q: matches differ\n%v\n%v", c.q, res.Matches[:2], want[:2])
 		}
 	}
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
 }

@@ -10,6 +10,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"vramscope/gpu"
@@ -61,14 +63,46 @@ type StagedUpload struct {
 // and returns the run's id. worldSize is how many ranks the job had (0:
 // unknown). After an error nothing is shown; Abort the writers.
 func (db *DB) PublishRun(name string, worldSize int, ups []StagedUpload) (string, error) {
-	run := newTraceID()
+	return db.publishRun(name, worldSize, ups, false)
+}
+
+// PublishJoinRun is PublishRun into the newest run named name that has none of
+// the uploads' ranks yet, made when there is none: the ranks of one job
+// imported on several machines, each its share, make one run.
+func (db *DB) PublishJoinRun(name string, worldSize int, ups []StagedUpload) (string, error) {
+	return db.publishRun(name, worldSize, ups, true)
+}
+
+func (db *DB) publishRun(name string, worldSize int, ups []StagedUpload, join bool) (string, error) {
+	var run string
 	var ws []*Writer
 	for _, u := range ups {
 		ws = append(ws, u.Writers...)
 	}
 	err := db.publish(ws, func(tx *sql.Tx) error {
-		if err := insertRun(tx, run, name, worldSize); err != nil {
-			return err
+		run = ""
+		if join {
+			if err := db.be.lockTx(tx, "runs"); err != nil {
+				return err
+			}
+			ranks := make([]string, len(ups))
+			for i, u := range ups {
+				ranks[i] = strconv.Itoa(u.Upload.Rank)
+			}
+			err := tx.QueryRow(`SELECT id FROM runs r WHERE name = ? AND NOT EXISTS (SELECT 1 FROM uploads u WHERE u.run = r.id AND u.rank IN (`+
+				strings.Join(ranks, ",")+`)) ORDER BY created_us DESC LIMIT 1`, name).Scan(&run)
+			if err == nil && worldSize > 0 {
+				_, err = tx.Exec("UPDATE runs SET world_size = CASE WHEN world_size > ?1 THEN world_size ELSE ?1 END WHERE id = ?2", worldSize, run)
+			}
+			if err != nil && !errors.Is(err, sql.ErrNoRows) {
+				return err
+			}
+		}
+		if run == "" {
+			run = newTraceID()
+			if err := insertRun(tx, run, name, worldSize); err != nil {
+				return err
+			}
 		}
 		for _, u := range ups {
 			u.Upload.Run = run
@@ -467,7 +501,7 @@ func (s *snapshotRows) store(tx *sql.Tx, tid int64, upload string) error {
 		}
 	}
 	if len(s.runs) > 0 {
-		st, err := tx.Prepare("INSERT OR REPLACE INTO event_extra_runs (tid, first_seq, xid) VALUES (?,?,?)")
+		st, err := tx.Prepare(replaceInto("event_extra_runs", "tid, first_seq", "xid", 1))
 		if err != nil {
 			return err
 		}

@@ -11,7 +11,9 @@ import (
 // An upload of two devices keeps what it said: settings and top level,
 // annotations in the order written (one for a device without a trace),
 // event extras by runs of events, segments as written, every stack.
-func TestUploadKeepsWhatItSaid(t *testing.T) {
+func TestUploadKeepsWhatItSaid(t *testing.T) { eachBackend(t, testUploadKeepsWhatItSaid) }
+
+func testUploadKeepsWhatItSaid(t *testing.T) {
 	db, _ := openTemp(t)
 	up := gpu.Upload{Name: "snap", Settings: `{"PYTORCH_CUDA_ALLOC_CONF":"","max_split_size":-1}`, Top: `{"device_traces":3}`}
 	id, err := db.CreateUpload(up)
@@ -100,7 +102,9 @@ func TestUploadKeepsWhatItSaid(t *testing.T) {
 // Deleting an upload's traces deletes it once the last one is gone;
 // DeleteUpload takes everything; a trace cannot join an upload that does
 // not exist.
-func TestUploadsGoWithTheirTraces(t *testing.T) {
+func TestUploadsGoWithTheirTraces(t *testing.T) { eachBackend(t, testUploadsGoWithTheirTraces) }
+
+func testUploadsGoWithTheirTraces(t *testing.T) {
 	db, _ := openTemp(t)
 	empty := countRows(t, db)
 	id, err := db.CreateUpload(gpu.Upload{Name: "u", Top: "{}"})
@@ -171,7 +175,9 @@ func TestUploadsGoWithTheirTraces(t *testing.T) {
 
 // Marks are a trace's annotations in time order (ties as written), with
 // time, stage and name.
-func TestMarks(t *testing.T) {
+func TestMarks(t *testing.T) { eachBackend(t, testMarks) }
+
+func testMarks(t *testing.T) {
 	db, _ := openTemp(t)
 	w, err := db.CreateTrace(testMeta, nil)
 	if err != nil {

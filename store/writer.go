@@ -7,8 +7,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"os"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -217,7 +217,7 @@ func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string
 	if initial == nil {
 		initial = gpu.NewLayout(gpu.DefaultRules())
 	}
-	db.takeReserve() // a new trace may fill the disk: keep room to delete it
+	db.be.takeReserve() // a new trace may fill the disk: keep room to delete it
 	switch meta.Source {
 	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay:
 	default:
@@ -252,15 +252,12 @@ func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string
 			return err
 		}
 		w.upload = meta.Upload
-		res, err := tx.Exec(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
-			peak_reserved, peak_allocated, peak_active, upload, has_time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)`,
+		err := tx.QueryRow(`INSERT INTO traces (id, name, source, device_ordinal, device_name, capacity, settings, rules, status, owner_pid, created_us,
+			peak_reserved, peak_allocated, peak_active, upload, has_time) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) RETURNING tid`,
 			w.id, meta.Name, string(meta.Source), meta.DeviceOrdinal, meta.DeviceName, int64(meta.Capacity), meta.Settings, string(rules),
-			status, os.Getpid(), time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active),
-			meta.Upload, !meta.NoTime)
+			status, db.owner, time.Now().UnixMicro(), int64(w.peak.Reserved), int64(w.peak.Allocated), int64(w.peak.Active),
+			meta.Upload, !meta.NoTime).Scan(&w.tid)
 		if err != nil {
-			return err
-		}
-		if w.tid, err = res.LastInsertId(); err != nil {
 			return err
 		}
 		if _, err := tx.Exec("INSERT INTO checkpoints (tid, seq, data, stats) VALUES (?,?,?,?)", w.tid, ck.seq, ck.data, ck.stats); err != nil {
@@ -723,8 +720,8 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 		chunks = append(chunks, *b.partChunk)
 	}
 	if len(chunks) > 0 {
-		st, err := tx.Prepare(`INSERT OR REPLACE INTO chunks (tid, first_seq, last_seq, first_us, last_us, n, reserved0, allocated0, active0,
-			allocs0, alloc_bytes0, frees0, free_bytes0, data) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)`)
+		st, err := tx.Prepare(replaceInto("chunks", "tid, first_seq", `last_seq, first_us, last_us, n, reserved0, allocated0, active0,
+			allocs0, alloc_bytes0, frees0, free_bytes0, data`, 1))
 		if err != nil {
 			return err
 		}
@@ -752,8 +749,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 					int64(a.min.Allocated), int64(a.max.Allocated), int64(a.last.Allocated),
 					int64(a.min.Active), int64(a.max.Active), int64(a.last.Active))
 			}
-			q := "INSERT OR REPLACE INTO usage_levels (tid, k, b, n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last) VALUES " +
-				placeholders(len(rows), 13)
+			q := replaceInto("usage_levels", "tid, k, b", "n, res_min, res_max, res_last, alloc_min, alloc_max, alloc_last, act_min, act_max, act_last", len(rows))
 			if len(rows) == per {
 				if st == nil {
 					var err error
@@ -774,23 +770,23 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 		return err
 	}
 	for _, in := range b.incidents {
-		if _, err := tx.Exec("INSERT OR REPLACE INTO incidents (tid, n, seq, time_us, size, device_free, stream, stack) VALUES (?,?,?,?,?,?,?,?)",
+		if _, err := tx.Exec(replaceInto("incidents", "tid, n", "seq, time_us, size, device_free, stream, stack", 1),
 			tid, in.N, in.Seq, in.TimeUS, int64(in.Size), int64(in.DeviceFree), in.Stream, int64(in.Stack)); err != nil {
 			return err
 		}
 	}
 	for _, c := range b.checkpoints {
-		if _, err := tx.Exec("INSERT OR REPLACE INTO checkpoints (tid, seq, data, stats) VALUES (?,?,?,?)", tid, c.seq, c.data, c.stats); err != nil {
+		if _, err := tx.Exec(replaceInto("checkpoints", "tid, seq", "data, stats", 1), tid, c.seq, c.data, c.stats); err != nil {
 			return err
 		}
 	}
 	for _, k := range b.classes {
-		if _, err := tx.Exec("INSERT OR IGNORE INTO alloc_classes (tid, sclass, dclass) VALUES (?,?,?)", tid, k.s, k.d); err != nil {
+		if _, err := tx.Exec("INSERT INTO alloc_classes (tid, sclass, dclass) VALUES (?,?,?) ON CONFLICT DO NOTHING", tid, k.s, k.d); err != nil {
 			return err
 		}
 	}
 	if len(b.bins) > 0 {
-		st, err := tx.Prepare("INSERT OR REPLACE INTO alloc_bins (tid, sclass, dclass, min_free, first_seq, max_free, n, data) VALUES (?,?,?,?,?,?,?,?)")
+		st, err := tx.Prepare(replaceInto("alloc_bins", "tid, sclass, dclass, min_free, first_seq", "max_free, n, data", 1))
 		if err != nil {
 			return err
 		}
@@ -802,7 +798,7 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 		}
 	}
 	if b.openBlob != nil {
-		if _, err := tx.Exec("INSERT OR REPLACE INTO alloc_open (tid, data) VALUES (?,?)", tid, b.openBlob); err != nil {
+		if _, err := tx.Exec(replaceInto("alloc_open", "tid", "data", 1), tid, b.openBlob); err != nil {
 			return err
 		}
 	}
@@ -818,7 +814,28 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	if _, err := tx.Exec(q+" WHERE tid = ?", append(args, tid)...); err != nil {
 		return err
 	}
-	return nil
+	if w.importing {
+		return nil // shown by Publish, whole
+	}
+	status := b.status
+	if status == "" {
+		status = gpu.StatusLive
+	}
+	return w.db.be.notify(tx, TraceChange{ID: w.id, Status: status, LastSeq: t.last, Events: t.events, FirstUS: t.firstUS, LastUS: t.lastUS})
+}
+
+// replaceInto is an insert of rows rows of the key's and cols' columns
+// (comma-separated) that, where a row with the same key is stored, sets
+// its cols instead: SQLite's INSERT OR REPLACE in words PostgreSQL
+// shares.
+func replaceInto(table, key, cols string, rows int) string {
+	var set []string
+	for _, c := range strings.Split(cols, ",") {
+		c = strings.TrimSpace(c)
+		set = append(set, c+" = excluded."+c)
+	}
+	return fmt.Sprintf("INSERT INTO %s (%s, %s) VALUES %s ON CONFLICT (%s) DO UPDATE SET %s",
+		table, key, cols, placeholders(rows, strings.Count(key+","+cols, ",")+1), key, strings.Join(set, ", "))
 }
 
 func placeholders(rows, cols int) string {

@@ -29,7 +29,7 @@ func runCompare(args []string, stdout, stderr io.Writer) error {
 	rows := fs.Int("rows", compare.DefaultRows, "the rows of each moment's table: the groups that differ most")
 	at := fs.Int64("at", 0, "also compare this place of the aligned axis (µs, or an event or request index with --align event or request)")
 	wait := fs.Duration("wait", 5*time.Minute, "how long to wait for the what-if replays that find the memory each trace needs")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope compare A B [--json] [--align auto|time|step|event|request] [--group frame|stack|category] [--rows N] [--at X] [--db PATH]")
 		fmt.Fprintln(stderr, "A and B are stored trace ids (one may be given as --trace ID; ids that start with - go after --).")

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"vramscope/incident"
 
 	"vramscope/internal/testkit"
 	"vramscope/server"
@@ -45,6 +46,24 @@ func compareDB(t *testing.T) (path, with, without string) {
 // checkpointing drops.
 func TestCompareJSONIsTheAPIs(t *testing.T) {
 	path, with, without := compareDB(t)
+	// The what-if tables first: once done they are the database's, and
+	// the CLI and the API answer from them alike.
+	db, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jobs := incident.NewJobs(db, 2, make(chan struct{}, 1))
+	for _, id := range []string{with, without} {
+		tr, err := db.Trace(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		j := jobs.WhatIf(id, tr.LastSeq)
+		if <-j.Done; j.Err != nil {
+			t.Fatal(j.Err)
+		}
+	}
+	db.Close()
 	code, out, errs := runCmd("compare", "--db", path, "--json", "--align", "step", with, without)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -54,7 +73,7 @@ func TestCompareJSONIsTheAPIs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	db, err := store.Open(path)
+	db, err = store.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}

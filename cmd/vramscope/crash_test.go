@@ -8,6 +8,7 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"vramscope/internal/pgtest"
 
 	"vramscope/gpu"
 	"vramscope/store"
@@ -18,7 +19,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv("VRAMSCOPE_RUN_MAIN") == "1" {
 		os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 	}
-	os.Exit(m.Run())
+	code := m.Run()
+	pgtest.Stop()
+	os.Exit(code)
 }
 
 // TestTraceKilledMidRun kills a running `vramscope trace` with SIGKILL: the

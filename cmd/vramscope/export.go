@@ -22,7 +22,7 @@ func init() {
 func runExport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("export", stderr)
 	out := fs.String("o", "", "output file (.pickle; .pb.gz with --format pprof); - for standard output")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	device := fs.Int("device", -1, "write only this device of the trace's upload (default: every device)")
 	format := fs.String("format", "pickle", "pickle (a PyTorch snapshot) or pprof (the live allocations at an instant)")
 	at := fs.Int64("at", 0, "pprof: the instant, in the trace's microseconds (default: the peak of allocated memory)")
@@ -173,6 +173,9 @@ func checkOutput(path string) error {
 // openStored opens the database of a command that reads stored traces,
 // refusing one that does not exist rather than making an empty one.
 func openStored(path string) (*store.DB, error) {
+	if store.IsPostgres(path) {
+		return store.Open(path)
+	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
 		return nil, usagef("no database at %s: give --db the database that holds the trace", path)
 	}

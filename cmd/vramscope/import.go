@@ -25,16 +25,17 @@ func init() {
 func runImport(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("import", stderr)
 	name := fs.String("name", "", "trace name (default: the file name, plus the device)")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	device := fs.Int("device", -1, "import only this device (default: every device with a trace or segments)")
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
 	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
 	run := fs.String("run", "", "import the FILES (a folder: the files in it; a tar: its files) as the ranks of one run of this name, on every core")
 	ranks := fs.String("ranks", "", "with --run: the files' ranks in order, as 0,1,2,... (default: from the names, user_metadata, or the files' order)")
+	join := fs.Bool("join", false, "with --run: add the files to the newest run of that name that lacks their ranks (made if none), so that a job's ranks imported on several machines make one run")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope import FILE|- [--name N] [--db PATH] [--device N] [--dry-run] [--json]   (-: standard input)")
-		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER|TAR... [--ranks 0,1,...] [--db PATH] [--json]")
+		fmt.Fprintln(stderr, "       vramscope import --run NAME FILE|FOLDER|TAR... [--ranks 0,1,...] [--join] [--db PATH] [--json]")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
@@ -45,10 +46,10 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		if flagSet(fs, "device") || *dryRun || *name != "" {
 			return usagef("--run imports every device of every file: not with --device, --dry-run or --name")
 		}
-		return importRun(*run, pos, *ranks, *dbPath, *addr, *asJSON, stdout, stderr)
+		return importRun(*run, pos, *ranks, *join, *dbPath, *addr, *asJSON, stdout, stderr)
 	}
-	if *ranks != "" {
-		return usagef("--ranks goes with --run")
+	if *ranks != "" || *join {
+		return usagef("--ranks and --join go with --run")
 	}
 	if len(pos) != 1 {
 		return usagef("want one FILE, got %d arguments (several files are the ranks of a run: --run NAME)", len(pos))
@@ -145,7 +146,7 @@ type runRankJSON struct {
 }
 
 // importRun imports files (folders stand for their files) as one run.
-func importRun(name string, args []string, rankList, dbPath, addr string, asJSON bool, stdout, stderr io.Writer) error {
+func importRun(name string, args []string, rankList string, join bool, dbPath, addr string, asJSON bool, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		return usagef("--run wants the FILES (or a FOLDER, or a TAR) of its ranks")
 	}
@@ -178,7 +179,11 @@ func importRun(name string, args []string, rankList, dbPath, addr string, asJSON
 		return err
 	}
 	defer db.Close()
-	run, got, err := ingest.Run(context.Background(), db, name, src, pytorch.Options{})
+	importRanks := ingest.Run
+	if join {
+		importRanks = ingest.JoinRun
+	}
+	run, got, err := importRanks(context.Background(), db, name, src, pytorch.Options{})
 	var ie *ingest.InputError
 	if errors.As(err, &ie) {
 		return inputError{err}

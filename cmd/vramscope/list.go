@@ -25,7 +25,7 @@ type listed struct {
 
 func runList(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("list", stderr)
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	name := fs.String("name", "", "only the traces whose name (or run's name) holds this text, any case")
 	asJSON := fs.Bool("json", false, "print a JSON array")
 	fs.Usage = func() {

@@ -28,7 +28,7 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("replay", stderr)
 	conf := fs.String("alloc-conf", "", "allocator settings set on top of the recorded ones, PYTORCH_CUDA_ALLOC_CONF syntax")
 	capacity := fs.String("capacity", "", capacityHelp)
-	dbPath := fs.String("db", defaultDB, "SQLite database, when replaying a stored TRACE")
+	dbPath := dbFlag(fs, "holding TRACE, when replaying a stored trace")
 	device := fs.Int("device", -1, deviceHelp)
 	asJSON := fs.Bool("json", false, "print stats, OOMs and segments as JSON")
 	fs.Usage = func() {

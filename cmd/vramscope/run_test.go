@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -133,5 +134,78 @@ func TestImportRun(t *testing.T) {
 		if code, _, errs := runCmd(append(bad, "--db", db)...); code != 2 {
 			t.Errorf("%v: exit %d: %s", bad, code, errs)
 		}
+	}
+}
+
+// import --run --join on two machines at once, each with its share of the
+// ranks, makes one run of them all; without --join each is a run.
+func TestImportRunJoined(t *testing.T) { testkit.EachBackend(t, testImportRunJoined) }
+
+func testImportRunJoined(t *testing.T) {
+	dir := t.TempDir()
+	db := testkit.DBPath(t)
+	var files []string
+	for rank, real := range []string{"snapshot_action_entry.pickle", "expandable_oom_multigpu.pickle", "oom_nonexpandable.json"} {
+		b, err := os.ReadFile(testkit.Snapshot(t, real))
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := filepath.Join(dir, fmt.Sprintf("rank%d_%s", rank, real))
+		if err := os.WriteFile(f, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+	}
+	first := vramscope(t, "import", "--run", "job", "--join", "--ranks", "0,1", files[0], files[1], "--db", db)
+	second := vramscope(t, "import", "--run", "job", "--join", "--ranks", "2", files[2], "--db", db)
+	var errA, errB bytes.Buffer
+	first.Stderr, second.Stderr = &errA, &errB
+	if err := first.Start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := second.Run(); err != nil {
+		t.Fatalf("the second machine: %v: %s", err, errB.String())
+	}
+	if err := first.Wait(); err != nil {
+		t.Fatalf("the first machine: %v: %s", err, errA.String())
+	}
+	s, err := store.Open(db)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	// The runs' ranks, from the traces' uploads.
+	runs := func() map[string]map[int]bool {
+		ts, err := s.Traces()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]map[int]bool{}
+		for _, tr := range ts {
+			u, err := s.Upload(tr.Upload)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if out[u.Run] == nil {
+				out[u.Run] = map[int]bool{}
+			}
+			out[u.Run][u.Rank] = true
+		}
+		return out
+	}
+	if rs := runs(); len(rs) != 1 {
+		t.Fatalf("runs %v; want one of 3 ranks", rs)
+	} else {
+		for _, ranks := range rs {
+			if len(ranks) != 3 {
+				t.Fatalf("runs %v; want one of 3 ranks", rs)
+			}
+		}
+	}
+	if code, _, errs := runCmd("import", "--run", "job", files[2], "--ranks", "2", "--db", db); code != 0 {
+		t.Fatalf("without --join: exit %d: %s", code, errs)
+	}
+	if rs := runs(); len(rs) != 2 {
+		t.Fatalf("without --join: runs %v; want a second", rs)
 	}
 }

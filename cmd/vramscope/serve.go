@@ -28,7 +28,7 @@ func init() {
 func runServe(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("serve", stderr)
 	addr := fs.String("addr", "127.0.0.1:8080", "listen address (loopback by default)")
-	dbPath := fs.String("db", "vramscope.db", "SQLite database")
+	dbPath := dbFlag(fs, "")
 	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "bearer token required of uploads, deletes and live ingest (default $VRAMSCOPE_TOKEN; made up when listening beyond loopback)")
 	maxUpload := fs.String("max-upload", "2GiB", "largest snapshot upload accepted (larger ones get 413)")
 	maxDecompressed := fs.String("max-decompressed", "", "largest snapshot once decompressed (default: --max-upload)")
@@ -39,7 +39,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	maxStreams := fs.Int("max-live-streams", 64, "live ingest connections open at once")
 	emptyExpiry := fs.Duration("live-empty-expiry", 10*time.Minute, "delete live traces that never got an event after this long")
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE] [--token TOKEN] [--max-upload SIZE] [--allowed-host NAME]...")
+		fmt.Fprintln(stderr, "usage: vramscope serve [--addr HOST:PORT] [--db FILE|postgres://...] [--token TOKEN] [--max-upload SIZE] [--allowed-host NAME]...")
 		fs.PrintDefaults()
 	}
 	pos, err := parseArgs(fs, args)
@@ -87,7 +87,9 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if len(ts) == 0 {
+	// A team's database starts empty: demo traces would be every
+	// member's clutter.
+	if len(ts) == 0 && !store.IsPostgres(*dbPath) {
 		fmt.Fprintln(stderr, "vramscope: empty database, creating demo traces")
 		if err := seedDemo(db); err != nil {
 			return fmt.Errorf("demo traces: %w", err)

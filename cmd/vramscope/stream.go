@@ -55,7 +55,7 @@ func requestStream(arg, dbPath string, device int, stderr io.Writer) (replay.Str
 		if !errors.Is(err, os.ErrNotExist) {
 			return replay.Stream{}, err
 		}
-		if _, err := os.Stat(dbPath); err != nil {
+		if _, err := os.Stat(dbPath); err != nil && !store.IsPostgres(dbPath) {
 			return replay.Stream{}, usagef("%s is neither a file nor a trace (no database at %s)", arg, dbPath)
 		}
 		db, err := store.Open(dbPath)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -28,6 +29,20 @@ func init() {
 
 const defaultDB = "vramscope.db"
 
+// dbFlag defines --db: a SQLite file, or a PostgreSQL database that a
+// team's servers share; $VRAMSCOPE_DB is its default. what says what the
+// database holds for this command, if anything particular.
+func dbFlag(fs *flag.FlagSet, what string) *string {
+	def := os.Getenv("VRAMSCOPE_DB")
+	if def == "" {
+		def = defaultDB
+	}
+	if what != "" {
+		what = " " + what
+	}
+	return fs.String("db", def, "database"+what+": a SQLite file, or a PostgreSQL address postgres://USER@HOST/DBNAME that a team's servers share (default $VRAMSCOPE_DB, else "+defaultDB+")")
+}
+
 // incidentPermalink stores a permalink to incident n's page.
 func incidentPermalink(db *store.DB, traceID string, n int) (string, error) {
 	state, err := json.Marshal(map[string]any{"url": fmt.Sprintf("/traces/%s/incidents/%d", traceID, n), "trace": traceID, "incident": n})
@@ -43,7 +58,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	device := fs.String("device", "sim", "sim (simulated) or cuda (the real GPU 0: memory is really taken and touched); with --workload replay, N: the snapshot's device N, on the simulated device")
 	capacity := fs.String("capacity", defaultCapacity, "simulated device memory (--device sim); a replay's default is what its recording says or implies")
 	conf := fs.String("alloc-conf", "", "allocator settings, PYTORCH_CUDA_ALLOC_CONF syntax")
-	dbPath := fs.String("db", defaultDB, "SQLite database")
+	dbPath := dbFlag(fs, "")
 	name := fs.String("name", "", "trace name (default: the workload and settings)")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same trace")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")

@@ -20,7 +20,7 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	fs := newFlags("whatif", stderr)
 	capacity := fs.String("capacity", "", capacityHelp)
 	asJSON := fs.Bool("json", false, "print the rows as JSON")
-	dbPath := fs.String("db", defaultDB, "SQLite database holding TRACE")
+	dbPath := dbFlag(fs, "holding TRACE")
 	device := fs.Int("device", -1, deviceHelp)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope whatif TRACE|FILE [--capacity SIZE] [--device N] [--json]")

@@ -19,6 +19,7 @@ import (
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
+	"vramscope/internal/pgtest"
 	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
@@ -51,11 +52,31 @@ func SnapshotOf(tb testing.TB, set, name string) string {
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 
-// OpenDB opens a fresh database in a temporary directory, closed when the
-// test ends.
+// EachBackend runs test on SQLite, then on PostgreSQL: DBPath and OpenDB
+// give it the database its subtest names.
+func EachBackend(t *testing.T, test func(t *testing.T)) {
+	t.Run("sqlite", test)
+	t.Run("postgres", test)
+}
+
+// OnPostgres says whether tb is (within) EachBackend's postgres subtest.
+func OnPostgres(tb testing.TB) bool { return strings.Contains(tb.Name()+"/", "/postgres/") }
+
+// DBPath names a fresh database, as --db does: a SQLite file in a
+// temporary directory, or, within EachBackend's postgres subtest, a new
+// PostgreSQL database (pgtest).
+func DBPath(tb testing.TB) string {
+	tb.Helper()
+	if OnPostgres(tb) {
+		return pgtest.Addr(tb)
+	}
+	return filepath.Join(tb.TempDir(), "test.db")
+}
+
+// OpenDB opens a fresh database (DBPath), closed when the test ends.
 func OpenDB(tb testing.TB) *store.DB {
 	tb.Helper()
-	db, err := store.Open(filepath.Join(tb.TempDir(), "test.db"))
+	db, err := store.Open(DBPath(tb))
 	if err != nil {
 		tb.Fatal(err)
 	}

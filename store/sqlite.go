@@ -1,0 +1,194 @@
+package store
+
+import (
+	"database/sql"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net/url"
+	"os"
+	"path/filepath"
+	"runtime"
+	"syscall"
+
+	"github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
+
+	"vramscope/migrations"
+)
+
+// sqliteBackend is one SQLite file, written by one process at a time.
+type sqliteBackend struct{ path string }
+
+func dsn(path string, params string) string {
+	return "file:" + (&url.URL{Path: path}).EscapedPath() + "?" + params
+}
+
+// openSQLite opens (creating if needed) the SQLite database at path.
+// Opening needs no free space: on a full disk it gives up the reserve, and
+// tidying is left for a later open if even that is not enough.
+func openSQLite(path string) (*DB, error) {
+	if abs, err := filepath.Abs(path); err == nil {
+		path = abs
+	}
+	// auto_vacuum takes effect on a new database only; older ones are
+	// converted by enableAutoVacuum when there is room.
+	w, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate&_auto_vacuum=incremental"))
+	if err != nil {
+		return nil, err
+	}
+	w.SetMaxOpenConns(1)
+	w.SetMaxIdleConns(1)
+	w.SetConnMaxLifetime(0)
+	// Readers keep their prepared statements and 16 MiB of pages between
+	// answers: a run's heatmap asks the same few queries of a hundred
+	// traces.
+	r, err := sql.Open("sqlite3", dsn(path, "mode=ro&_busy_timeout=5000&_stmt_cache_size=64&_cache_size=-16384"))
+	if err != nil {
+		w.Close()
+		return nil, err
+	}
+	r.SetMaxOpenConns(max(4, runtime.NumCPU()))
+	r.SetMaxIdleConns(max(4, runtime.NumCPU()))
+	be := &sqliteBackend{path: path}
+	db := &DB{path: path, be: be, owner: int64(os.Getpid()), w: w, r: r, jobs: make(chan job, 4), done: make(chan struct{})}
+	if err := db.roomy(func() error { return migrateSQLite(w) }); err != nil {
+		w.Close()
+		r.Close()
+		return nil, openError(path, err)
+	}
+	be.enableAutoVacuum(w)
+	if err := db.start(); err != nil {
+		return nil, openError(path, err)
+	}
+	return db, nil
+}
+
+// openError says what is wrong with the database at path, and what to do,
+// where SQLite's words ("unable to open database file: no such file or
+// directory" for a read-only folder) do not.
+func openError(path string, err error) error {
+	dir := filepath.Dir(path)
+	var se sqlite3.Error
+	errors.As(err, &se)
+	if st, serr := os.Stat(path); serr == nil && st.IsDir() {
+		return fmt.Errorf("%s is a folder, not a database file: name a file in it, such as %s", path, filepath.Join(path, "vramscope.db"))
+	}
+	if _, serr := os.Stat(dir); errors.Is(serr, fs.ErrNotExist) {
+		return fmt.Errorf("%s: the folder %s does not exist: create it, or choose a database file in a folder that does", path, dir)
+	}
+	if aerr := syscall.Access(dir, 2 /* W_OK */); aerr != nil {
+		return fmt.Errorf("%s: cannot write in its folder %s (%v): a database needs a writable folder for its -wal, -shm and -reserve files: keep it in one", path, dir, aerr)
+	}
+	if aerr := syscall.Access(path, 2 /* W_OK */); aerr != nil && !errors.Is(aerr, fs.ErrNotExist) {
+		return fmt.Errorf("%s is read-only (%v): make it writable (chmod u+w), or copy it", path, aerr)
+	}
+	switch se.Code {
+	case sqlite3.ErrNotADB:
+		return fmt.Errorf("%s is not a SQLite database: choose a vramscope database, or a new file name to make one", path)
+	case sqlite3.ErrBusy, sqlite3.ErrLocked:
+		return fmt.Errorf("%s is locked: another process has been writing to it for over 5 s (a vramscope import or trace into the same file?): try again when it ends, or choose another database file", path)
+	}
+	return fmt.Errorf("%s: %w", path, err)
+}
+
+// enableAutoVacuum turns incremental auto_vacuum on for a database made
+// without it. That takes a VACUUM, which rewrites the whole file: done
+// only when the disk has clearly room for a second copy.
+func (b *sqliteBackend) enableAutoVacuum(w *sql.DB) {
+	var mode, pages, size int64
+	if w.QueryRow("PRAGMA auto_vacuum").Scan(&mode) != nil || mode == autoVacuumIncremental {
+		return
+	}
+	if w.QueryRow("PRAGMA page_count").Scan(&pages) != nil || w.QueryRow("PRAGMA page_size").Scan(&size) != nil {
+		return
+	}
+	if free, err := freeSpace(b.path); err != nil || free < uint64(3*pages*size)+4*reserveSize {
+		return
+	}
+	if _, err := w.Exec("PRAGMA auto_vacuum = INCREMENTAL"); err == nil {
+		w.Exec("VACUUM")
+	}
+}
+
+// One writer connection with BEGIN IMMEDIATE: every write transaction is
+// already alone.
+func (b *sqliteBackend) lockTx(*sql.Tx, string) error { return nil }
+
+func (b *sqliteBackend) readOptions() *sql.TxOptions { return &sql.TxOptions{ReadOnly: true} }
+
+// alive: a process of this machine (SQLite files are not shared between
+// machines) that still runs.
+func (b *sqliteBackend) alive(pid int64) bool {
+	err := syscall.Kill(int(pid), 0)
+	return err == nil || errors.Is(err, syscall.EPERM)
+}
+
+// Only one process serves a SQLite file: its viewers hear from its own
+// ingest streams.
+func (b *sqliteBackend) notify(*sql.Tx, TraceChange) error { return nil }
+
+// One writer: a row read by it is taken.
+func (b *sqliteBackend) skipLocked() string { return "" }
+
+func (b *sqliteBackend) deleteKey(table string) string {
+	if key, ok := withoutRowid[table]; ok {
+		return key
+	}
+	return "rowid"
+}
+
+func (b *sqliteBackend) close() error { return nil }
+
+// migrateSQLite applies the embedded migrations the database lacks, each in its
+// own transaction, recording the version in PRAGMA user_version.
+func migrateSQLite(db *sql.DB) error {
+	var cur int
+	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
+		return err
+	}
+	steps, err := migrationFiles(migrations.FS)
+	if err != nil {
+		return err
+	}
+	latest := 0
+	if len(steps) > 0 {
+		latest = steps[len(steps)-1].version
+	}
+	if cur > latest {
+		return fmt.Errorf("database schema version %d is newer than this vramscope's %d; use a newer vramscope", cur, latest)
+	}
+	if cur == 0 {
+		// A database of another program: vramscope's tables are not added to it.
+		var other string
+		if err := db.QueryRow("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' LIMIT 1").Scan(&other); err == nil {
+			return fmt.Errorf("a SQLite database of another program (it has a table %q and no vramscope schema): choose a vramscope database, or a new file name to make one", other)
+		} else if !errors.Is(err, sql.ErrNoRows) {
+			return err
+		}
+	}
+	for _, s := range steps {
+		if s.version <= cur {
+			continue
+		}
+		body, err := fs.ReadFile(migrations.FS, s.name)
+		if err != nil {
+			return err
+		}
+		tx, err := db.Begin()
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(string(body)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %s: %w", s.name, err)
+		}
+		if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version)); err != nil {
+			tx.Rollback()
+			return fmt.Errorf("migration %s: %w", s.name, err)
+		}
+		if err := tx.Commit(); err != nil {
+			return fmt.Errorf("migration %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
