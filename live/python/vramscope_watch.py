@@ -378,7 +378,7 @@ class Watcher:
         self.incidents = []  # links printed for out-of-memory errors
         self.lost = 0  # entries known lost; gaps of unknown size add nothing
         self.gaps = 0
-        self.cpu = 0.0  # the thread's CPU time reading and sending, in seconds
+        self.held = 0.0  # seconds spent reading the ring (the GIL held nearly all of it)
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.thread = None
@@ -445,16 +445,16 @@ class Watcher:
         self.anns_read = new
         return new
 
-    def _size_ring(self, cpu, n):
+    def _size_ring(self, took, n):
         """The ring for the next interval: as many entries as duty lets a
         read convert, at what this one cost an entry, and no more than one
         read may hold the GIL for (STALL)."""
         if n < 100:
             return
-        per = cpu / n
+        per = took / n
         self.per_entry = per if self.per_entry is None else 0.5 * (self.per_entry + per)
         fit = min(self.duty * self.interval, self.STALL) / self.per_entry
-        self.ring = int(max(self.MIN_RING, min(self.max_entries, fit)))
+        self.ring = int(min(self.max_entries, max(self.MIN_RING, fit)))
 
     def poll(self):
         """Reads the ring once and queues what is new; returns the number
@@ -643,14 +643,15 @@ class Watcher:
                 return
 
     def step(self):
-        """One read and send; the thread calls this every interval. Its
-        CPU time (the GIL is held for nearly all of it) sizes the ring."""
-        t0 = time.thread_time()
+        """One read and send; the thread calls this every interval. How
+        long the read took (the GIL held for nearly all of it, a thread
+        the machine let wait included) sizes the ring."""
+        t0 = time.perf_counter()
         n = self.poll()
+        took = time.perf_counter() - t0
+        self.held += took
+        self._size_ring(took, n)
         self._send()
-        cpu = time.thread_time() - t0
-        self.cpu += cpu
-        self._size_ring(cpu, n)
 
     def close(self, status="complete"):
         """Sends what is left and ends the trace."""
@@ -669,8 +670,9 @@ class Watcher:
             except Exception as e:
                 print("vramscope: ending the trace failed: %s" % e, file=self.out)
             if self.gaps:
-                print("vramscope: %d gaps in the trace (%d entries known lost): the ring was read less often "
-                      "than it filled; duty=%g lets the watcher hold the GIL longer" % (self.gaps, self.lost, min(1.0, self.duty * 4)), file=self.out)
+                print("vramscope: %d gaps in the trace (%d entries known lost): the job recorded more between two "
+                      "reads than duty=%g let the watcher read (a larger duty reads more, at that cost)"
+                      % (self.gaps, self.lost, self.duty), file=self.out)
             self.trace = None
 
 
