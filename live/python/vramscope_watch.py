@@ -611,7 +611,9 @@ class Watcher:
         # Cleared after each read, a read costs what is new; a PyTorch
         # that cannot clear is read whole, and its ring is max_entries.
         self.clearing = self._clear is not None
-        self.ring = min(self.max_entries, 10000) if self.clearing else self.max_entries
+        # duty=1: everything, whatever it costs; else a ring a first read
+        # converts in tens of milliseconds, sized to the duty after it.
+        self.ring = min(self.max_entries, 10000) if self.clearing and self.duty < 1 else self.max_entries
         self.per_entry = None
         self._start_recording(self.ring)
         snap = self._snapshot()
