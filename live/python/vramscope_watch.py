@@ -28,7 +28,11 @@ ring to what that time can read. A job that records more than that between
 two reads loses the oldest entries of the interval; the server then
 records a gap (where, and how many, on the trace page and in the API) and
 brings its state to the job's from the snapshot, so the trace stays right
-from there on. duty=1 reads everything, whatever it costs.
+from there on. Even when the ring is not full, the entries the job makes
+between a read and its clear (its thread may run there) are lost, and
+said. duty=1 never clears: every read converts the whole ring (up to
+max_entries), and nothing is lost unless more than that come between two
+reads.
 
 On out-of-memory only (on_oom(), or --on-oom): recording is on (PyTorch's
 own cost) and nothing else runs until PyTorch's OOM observer fires; then
@@ -136,12 +140,6 @@ def _run_name():
 
 
 def _current_device():
-    """torchrun's LOCAL_RANK (a rank's script picks its device after the
-    watcher starts), else the current CUDA device."""
-    try:
-        return int(os.environ["LOCAL_RANK"])
-    except (KeyError, ValueError):
-        pass
     try:
         import torch
 
@@ -449,7 +447,7 @@ class Watcher:
         """The ring for the next interval: as many entries as duty lets a
         read convert, at what this one cost an entry, and no more than one
         read may hold the GIL for (STALL)."""
-        if n < 100:
+        if n < 100 or not self.clearing:
             return
         per = took / n
         self.per_entry = per if self.per_entry is None else 0.5 * (self.per_entry + per)
@@ -460,18 +458,19 @@ class Watcher:
         """Reads the ring once and queues what is new; returns the number
         of new entries."""
         snap = self._snapshot()
-        ring_was = self.ring
+        ring_was = self.ring_set  # the ring's length since the last clear
         if self.clearing:
             self._clear(self.ring)  # at once: what comes before the clear is lost
+            self.ring_set = self.ring
             entries = self._entries(snap)
-            lost = 0
+            # The allocator's counters say about how many entries came
+            # since the last read: those the ring overwrote, and those
+            # that came between that read and its clear (the job's thread
+            # may run there), are lost. A full ring without counters: some.
+            lost = -1 if len(entries) >= ring_was else 0
             counted = self._count() if self._count else None
-            if len(entries) >= ring_was:
-                # The ring is full: it may have wrapped. The counters say
-                # about how many were recorded since the last read.
-                lost = -1
-                if counted is not None and self.counted is not None and counted - self.counted > len(entries):
-                    lost = counted - self.counted - len(entries)
+            if counted is not None and self.counted is not None and counted - self.counted > len(entries):
+                lost = counted - self.counted - len(entries)
             self.counted = counted
         else:
             entries = self._entries(snap)
@@ -608,14 +607,16 @@ class Watcher:
     # -- the thread --------------------------------------------------------
 
     def start(self):
-        # Cleared after each read, a read costs what is new; a PyTorch
-        # that cannot clear is read whole, and its ring is max_entries.
-        self.clearing = self._clear is not None
-        # duty=1: everything, whatever it costs; else a ring a first read
-        # converts in tens of milliseconds, sized to the duty after it.
-        self.ring = min(self.max_entries, 10000) if self.clearing and self.duty < 1 else self.max_entries
+        # Cleared after each read, a read costs what is new; duty=1, or a
+        # PyTorch that cannot clear, reads the whole ring of max_entries
+        # (nothing lost but what overflows it).
+        self.clearing = self._clear is not None and self.duty < 1
+        # A ring a first read converts in tens of milliseconds, sized to
+        # the duty after it.
+        self.ring = min(self.max_entries, 10000) if self.clearing else self.max_entries
         self.per_entry = None
         self._start_recording(self.ring)
+        self.ring_set = self.ring
         snap = self._snapshot()
         if self.clearing:
             self._clear(self.ring)
@@ -806,6 +807,10 @@ def main(argv=None):
     sys.argv = [a.script] + a.args
     sys.path[0] = os.path.dirname(os.path.abspath(a.script))
     common = dict(token=a.token, name=a.name, stacks=a.stacks, max_entries=a.max_entries, run=run)
+    if os.environ.get("LOCAL_RANK", "").isdigit():
+        # A rank's script picks its device (LOCAL_RANK's, as a rule) only
+        # after the watcher starts.
+        common["device"] = int(os.environ["LOCAL_RANK"])
     if a.on_oom:
         on_oom(url=url, dir=a.dir, **common)
     else:
