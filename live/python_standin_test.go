@@ -9,9 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/internal/testkit"
+	"vramscope/live"
 	"vramscope/pytorch"
 	"vramscope/server"
 	"vramscope/store"
@@ -179,5 +181,58 @@ func TestPythonOnOOM(t *testing.T) {
 	}
 	if !strings.Contains(text, "incident: "+srv.URL+"/traces/"+all[0].ID+"/incidents/1") {
 		t.Fatal("no incident link")
+	}
+}
+
+// A read that makes a message over the cap the server sets on one is
+// cut to the newest entries that fit; the rest are said to be lost, and
+// the trace still ends in the job's state.
+func TestPythonWatchMessageCap(t *testing.T) {
+	py := python(t)
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	defer srv.Close()
+	helper, _ := filepath.Abs("python")
+	out, err := exec.Command(py, "testdata/watch_small_messages.py", helper, srv.URL).CombinedOutput()
+	t.Logf("driver:\n%s", out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	var r struct {
+		Trace string
+		Gaps  int
+		Lost  int64
+		Live  [][2]uint64
+	}
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &r); err != nil {
+		t.Fatal(err)
+	}
+	tr, err := db.Trace(r.Trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Gaps == 0 || r.Lost == 0 || tr.Dropped == nil || tr.Dropped.Lost != r.Lost || tr.Dropped.GapCount < r.Gaps {
+		t.Fatalf("the helper lost %d entries in %d gaps; the trace says %+v", r.Lost, r.Gaps, tr.Dropped)
+	}
+	if got := liveBlocks(t, db, tr); fmt.Sprint(got) != fmt.Sprint(r.Live) || len(r.Live) != 10 {
+		t.Fatalf("the trace ends with %v live, the job with %v", got, r.Live)
+	}
+}
+
+// A server that pings often (every half second): a read that finds only
+// a ping waiting answers it and goes on, instead of waiting for a message
+// that does not come until it sends one (the job was held up for good).
+func TestPythonWatchPinged(t *testing.T) {
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0", Live: live.Options{PongWait: time.Second}}).Handler())
+	defer srv.Close()
+	text, left := runWatched(t, nil, "--url", srv.URL, "--interval", "0.1", "--duty", "1", "--max-entries", "1000000", "testdata/standin_job.py", "1000", "5")
+	tr, err := db.Trace(traceIn(t, text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tr.Status != gpu.StatusComplete || tr.Events != 1000*600+5 || len(left) != 5 {
+		t.Fatalf("trace %+v", tr)
 	}
 }

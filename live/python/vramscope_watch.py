@@ -235,8 +235,9 @@ class _WebSocket:
         r, _, _ = select.select([self.sock], [], [], 0)
         return bool(r)
 
-    def recv(self):
-        """The next text message, parsed; answers pings on the way."""
+    def recv(self, block=True):
+        """The next text message, parsed; answers pings on the way. Not
+        to block: None once the frames at hand were only pings."""
         msg = b""
         while True:
             b0, b1 = self._take(2)
@@ -252,7 +253,9 @@ class _WebSocket:
             op = b0 & 0x0F
             if op == 9:
                 self._frame(10, data)
-            elif op == 8:
+            if op in (9, 10) and not block and not msg and not self.ready():
+                return None
+            if op == 8:
                 raise ConnectionError("closed by the server")
             elif op in (0, 1, 2):
                 msg += data
@@ -345,6 +348,7 @@ class Watcher:
     TAIL = 16  # entries remembered to find where the sent ones end
     MIN_RING = 1000
     STALL = 0.04  # the most one read may hold the GIL, in seconds
+    MAX_MESSAGE = 7 << 20  # under the server's cap on a message (8 MiB by default)
 
     def __init__(self, url, token=None, device=None, interval=0.5, name=None, max_entries=100000,
                  stacks="python", duty=0.03, snapshot=None, start_recording=None, clear=None, count=None,
@@ -483,19 +487,28 @@ class Watcher:
             self.seen = len(entries)
             entries = new
         anns = self._annotations(snap)
-        if lost:
-            self.gaps += 1
-            self.lost += max(lost, 0)
         if entries or anns or lost:
             segs = [s for s in snap.get("segments", []) if s.get("device", 0) == self.device]
             body = {"segments": segs, "device_traces": [[]] * self.device + [entries], "external_annotations": anns}
             if "allocator_settings" in snap:
                 body["allocator_settings"] = snap["allocator_settings"]
             # The snapshot goes as the pickle it is: no Python work per entry.
+            data = pickle.dumps(body, protocol=4)
+            if len(data) > self.MAX_MESSAGE and entries:
+                # Too big for one message: the newest entries that fit go,
+                # the others are lost, and said.
+                keep = int(len(entries) * self.MAX_MESSAGE / len(data) * 0.9)
+                lost = max(lost, 0) + len(entries) - keep
+                entries = entries[len(entries) - keep:]
+                body["device_traces"] = [[]] * self.device + [entries]
+                data = pickle.dumps(body, protocol=4)
             head = bytes([2]) + _uvarint(self.seq) + _uvarint(2 * (-lost) - 1 if lost < 0 else 2 * lost) + _uvarint(self.ann_next)
             self.ann_next += len(anns)
-            self.pending.append(_Poll(self.seq, self.seq + len(entries), self.ann_next, head + pickle.dumps(body, protocol=4)))
+            self.pending.append(_Poll(self.seq, self.seq + len(entries), self.ann_next, head + data))
             self.seq += len(entries)
+        if lost:
+            self.gaps += 1
+            self.lost += max(lost, 0)
         oom = self._oom or (self._observe is None and any(e.get("action") == "oom" for e in entries))
         if oom:
             self._oom = False
@@ -536,7 +549,9 @@ class Watcher:
 
     def _drain(self):
         while self.ws.ready():
-            r = self.ws.recv()
+            r = self.ws.recv(block=False)
+            if r is None:
+                return
             if r.get("type") == "ack":
                 self._acked(r["seq"], r.get("annotations", 0))
             elif r.get("type") == "error":
