@@ -236,3 +236,29 @@ func TestPythonWatchPinged(t *testing.T) {
 		t.Fatalf("trace %+v", tr)
 	}
 }
+
+// Under torchrun (RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous id in
+// the environment), each rank run through python -m vramscope_watch is a
+// rank of one run, named by the rendezvous.
+func TestPythonWatchScriptRanks(t *testing.T) {
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	defer srv.Close()
+	var runs []string
+	for rank := range 2 {
+		env := []string{fmt.Sprintf("RANK=%d", rank), "WORLD_SIZE=2", "LOCAL_RANK=0", "TORCHELASTIC_RUN_ID=job7"}
+		text, _ := runWatched(t, env, "--url", srv.URL, "testdata/standin_job.py", "3")
+		tr, err := db.Trace(traceIn(t, text))
+		if err != nil {
+			t.Fatal(err)
+		}
+		of, ok, err := db.RunOf(tr.Upload)
+		if err != nil || !ok || of.Name != "job7" || of.Rank != rank || !strings.Contains(tr.Name, fmt.Sprintf("rank %d", rank)) || tr.Events != 3*600 {
+			t.Fatalf("rank %d: trace %+v, run %+v %v %v", rank, tr, of, ok, err)
+		}
+		runs = append(runs, of.ID)
+	}
+	if r, err := db.Run(runs[0]); err != nil || runs[0] != runs[1] || r.WorldSize != 2 || len(r.Ranks) != 2 {
+		t.Fatalf("runs %v: %+v %v", runs, r, err)
+	}
+}
