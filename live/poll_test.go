@@ -152,3 +152,44 @@ func TestPollGaps(t *testing.T) {
 		t.Fatal("the trace does not end in the job's state")
 	}
 }
+
+// A poll that does not go on from the trace's last entry, or whose
+// snapshot does not decode, is refused with why, and the stream ends.
+func TestPollRefusals(t *testing.T) {
+	traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := traces[0]
+	ts := newTestServer(t, Options{})
+	url := "ws" + strings.TrimPrefix(ts.srv.URL, "http") + "/ws/ingest"
+	for _, c := range []struct {
+		second []byte
+		want   string
+	}{
+		{pollOf(t, tr, 100, 200, 150, 0), "poll at entry 150: the trace has entries up to 99; a poll goes on from there"},
+		{AppendPoll(nil, Poll{Seq: 100, Pickle: []byte("not a pickle")}), "poll at entry 100: "},
+		{[]byte{pollVersion, 0x80}, "binary poll at byte 1: batch ends early"},
+	} {
+		conn, _, err := websocket.DefaultDialer.Dial(url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.WriteJSON(map[string]any{"type": "hello", "meta": map[string]any{"name": "job"}})
+		var r reply
+		if err := conn.ReadJSON(&r); err != nil || r.Type != "ready" {
+			t.Fatalf("ready: %+v %v", r, err)
+		}
+		conn.WriteMessage(websocket.BinaryMessage, pollOf(t, tr, 0, 100, 0, 0))
+		conn.WriteMessage(websocket.BinaryMessage, c.second)
+		for r.Type != "error" {
+			if err := conn.ReadJSON(&r); err != nil {
+				t.Fatalf("%q: %v", c.want, err)
+			}
+		}
+		if !strings.HasPrefix(r.Error, c.want) {
+			t.Errorf("refused with %q, want %q", r.Error, c.want)
+		}
+		conn.Close()
+	}
+}
