@@ -116,6 +116,9 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	defer h.release(s.t)
 	defer s.t.unclaim(s)
 	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+	if d := tr.Dropped; d != nil {
+		s.state.Gaps, s.state.Lost = d.GapCount, d.Lost
+	}
 	s.fresh = tr.Events == 0
 	s.device = tr.DeviceOrdinal
 	if tr.Dropped != nil {

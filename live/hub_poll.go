@@ -82,6 +82,8 @@ func (s *ingestConn) readPoll() error {
 		next += int64(len(fill))
 		s.mu.Lock()
 		s.off += int64(len(fill))
+		s.state.Gaps++
+		s.state.Lost += max(lost, 0)
 		s.mu.Unlock()
 	}
 	// Entries the decoder left out (they contradict the job's own

@@ -53,7 +53,8 @@
 // Viewers (GET /ws/traces/{id}) get text messages
 //
 //	{"type":"tail","trace":ID,"status":"live","seq":N,"events":E,
-//	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..}
+//	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..,
+//	 "gaps":G,"lost":L}
 //
 // each of which says everything a page needs to follow the tail (it then
 // fetches what it shows through the JSON API), so a newer one replaces an
@@ -168,6 +169,10 @@ type Tail struct {
 	Rate      float64         `json:"rate"`      // events per second lately
 	Coalesced int             `json:"coalesced"` // updates folded into this one
 	SentMS    int64           `json:"sent_ms"`   // server clock, Unix ms
+	// Gaps and Lost: where the job's entries were lost, and how many
+	// were known lost (gpu.Dropped's GapCount and Lost).
+	Gaps int   `json:"gaps,omitempty"`
+	Lost int64 `json:"lost,omitempty"`
 }
 
 // StackDef is a stack the client defines for the ids its events use.

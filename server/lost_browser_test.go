@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,8 +10,10 @@ import (
 	"testing"
 
 	"github.com/chromedp/chromedp"
+	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/live"
 	"vramscope/pytorch"
 )
 
@@ -87,4 +90,56 @@ func TestBrowserLostEntries(t *testing.T) {
 	screenshot(t, ctx, dir, "lost-entries")
 	within(t, ctx, "go to the first gap", chromedp.Click(`#lost li a`))
 	waitFor(t, ctx, "the cursor at the gap", fmt.Sprintf(`new URLSearchParams(location.search).get("c") === "%d"`, got.Dropped.Gaps[0].TimeUS))
+}
+
+// A live trace's page, open while its job's helper streams: a poll after
+// entries were lost makes the page say so at once (where, once reloaded).
+func TestBrowserLiveLostEntries(t *testing.T) {
+	ctx := browser(t)
+	l := listen(t, nil, Options{})
+	traces, err := pytorch.DecodeFile(filepath.Join(snapshots, "uint64_line_annotations.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := traces[0]
+	poll := func(from, to int, seq, lost int64) []byte {
+		l := tr.Initial.Clone()
+		for _, e := range tr.Events[:to] {
+			l.Apply(e)
+		}
+		var b bytes.Buffer
+		if err := pytorch.Export(&b, &pytorch.Trace{Final: l, Events: tr.Events[from:to], HasTime: true, Stacks: tr.Stacks, Settings: tr.Settings}); err != nil {
+			t.Fatal(err)
+		}
+		return live.AppendPoll(nil, live.Poll{Seq: seq, Lost: lost, Pickle: b.Bytes()})
+	}
+	var init bytes.Buffer
+	pytorch.Export(&init, &pytorch.Trace{Final: tr.Initial, Stacks: tr.Stacks, Settings: tr.Settings})
+	v, err := pytorch.Unpickle(&init)
+	if err != nil {
+		t.Fatal(err)
+	}
+	snap, _ := json.Marshal(v)
+	conn, _, err := websocket.DefaultDialer.Dial("ws"+strings.TrimPrefix(l.base, "http")+"/ws/ingest", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.WriteJSON(map[string]any{"type": "hello", "meta": map[string]any{"name": "train.py (cuda:0)"}, "snapshot": json.RawMessage(snap)})
+	var r struct{ Type, Trace string }
+	if err := conn.ReadJSON(&r); err != nil || r.Type != "ready" {
+		t.Fatalf("ready: %+v %v", r, err)
+	}
+	conn.WriteMessage(websocket.BinaryMessage, poll(0, 300, 0, 0))
+
+	within(t, ctx, "navigate", chromedp.Navigate(l.base+"/traces/"+r.Trace))
+	waitFor(t, ctx, "the live page", `document.querySelector(".live-badge")?.textContent.includes("live")`)
+	if n := within(t, ctx, "no note", chromedp.Evaluate[int](`document.querySelectorAll("#lost, #lost-live").length`)); n != 0 {
+		t.Fatalf("%d notes before anything was lost", n)
+	}
+	conn.WriteMessage(websocket.BinaryMessage, poll(700, 1000, 300, 400))
+	waitFor(t, ctx, "the live note", `document.getElementById("lost-live")?.textContent === "Entries of the job were lost in 1 gap: 400 known. Reload the page to see where."`)
+	screenshot(t, ctx, shotDir(t), "lost-live")
+	within(t, ctx, "reload", chromedp.Reload())
+	waitFor(t, ctx, "the drawn note", `document.getElementById("lost")?.textContent.includes("after event 299") && !document.getElementById("lost-live")`)
 }
