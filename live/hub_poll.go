@@ -72,19 +72,32 @@ func (s *ingestConn) readPoll() error {
 		}
 		for i := range fill {
 			fill[i].Seq, fill[i].TimeUS = next+int64(i), us
-			s.msg.events = append(s.msg.events, fill[i])
+			if tr != nil {
+				fill[i].Stack = s.w.Stack(tr.Stack(fill[i].Stack))
+			}
 		}
 		lost := p.Lost
 		if lost == 0 {
 			lost = -1 // the client did not know; the state says some were
 		}
-		s.w.AddGap(gpu.Gap{AfterSeq: next - 1, Seq: next + int64(len(fill)), TimeUS: us, Lost: lost, Filled: int64(len(fill))})
-		next += int64(len(fill))
+		k := int64(len(fill))
+		s.w.EmitGap(gpu.Gap{AfterSeq: next - 1, Seq: next + k, TimeUS: us, Lost: lost, Filled: k}, fill)
+		if err := s.w.Err(); err != nil {
+			return err
+		}
 		s.mu.Lock()
-		s.off += int64(len(fill))
+		s.off += k
 		s.state.Gaps++
 		s.state.Lost += max(lost, 0)
+		if k > 0 {
+			if s.state.Events == 0 {
+				s.state.FirstUS = us
+			}
+			s.state.Seq, s.state.Events, s.state.LastUS = next+k-1, s.state.Events+k, max(s.state.LastUS, us)
+			s.fresh = false
+		}
 		s.mu.Unlock()
+		next += k
 	}
 	// Entries the decoder left out (they contradict the job's own
 	// segments) keep their numbers, as events store skips.

@@ -56,10 +56,10 @@ func TestBrowserLostEntries(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range fill {
-			fill[i].TimeUS = tr.Events[to].TimeUS
+			fill[i].Seq, fill[i].TimeUS = seq+int64(i), tr.Events[to].TimeUS
 		}
-		w.AddGap(gpu.Gap{AfterSeq: seq - 1, Seq: seq + int64(len(fill)), TimeUS: tr.Events[to].TimeUS, Lost: lost, Filled: int64(len(fill))})
-		emit(fill)
+		w.EmitGap(gpu.Gap{AfterSeq: seq - 1, Seq: seq + int64(len(fill)), TimeUS: tr.Events[to].TimeUS, Lost: lost, Filled: int64(len(fill))}, fill)
+		seq += int64(len(fill))
 	}
 	n := len(tr.Events)
 	emit(tr.Events[:300])

@@ -169,7 +169,7 @@ type Writer struct {
 	stacks  gpu.StackTable
 	pend    pending
 	timer   *time.Timer
-	// dropped: what SetDropped and AddGap recorded; stored with the
+	// dropped: what SetDropped and EmitGap recorded; stored with the
 	// next commit once changed (droppedNew), and with the last.
 	dropped    *gpu.Dropped
 	droppedNew bool
@@ -639,19 +639,32 @@ func (w *Writer) SetDropped(d gpu.Dropped) {
 	w.mu.Unlock()
 }
 
-// AddGap records where a live trace lost entries of its job, stored with
-// the next commit: the one that stores the events around it.
-func (w *Writer) AddGap(g gpu.Gap) {
+// EmitGap stores the events that fill a gap of a live trace (they bring
+// its state to the job's) with the gap, in one commit: a trace resumed
+// after a crash has both or neither, and so numbers its client's events
+// as before.
+func (w *Writer) EmitGap(g gpu.Gap, fill []gpu.Event) {
 	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.Err() != nil {
+		return
+	}
+	for i := range fill {
+		if err := w.add(fill[i]); err != nil {
+			w.fail(err)
+			return
+		}
+	}
 	if w.dropped == nil {
 		w.dropped = &gpu.Dropped{}
 	}
 	w.dropped.AddGap(g)
 	w.droppedNew = true
-	w.mu.Unlock()
+	w.pend.events += len(fill)
+	w.commit(false)
 }
 
-// Dropped is a copy of what SetDropped and AddGap recorded (and, for a
+// Dropped is a copy of what SetDropped and EmitGap recorded (and, for a
 // resumed trace, what was stored before); nil for nothing.
 func (w *Writer) Dropped() *gpu.Dropped {
 	w.mu.Lock()
