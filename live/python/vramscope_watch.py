@@ -773,7 +773,8 @@ def watch(url, token=None, **kw):
 
     stacks="all" records C++ frames too (costly); duty (0.03) is the most
     of the job's time the watcher may hold the GIL, interval (0.5 s) how
-    often it reads. In a job of several ranks, run="NAME" (or
+    often it reads. One watcher a process: clearing the ring clears every
+    device's, so a second watcher's device would lose entries (said). In a job of several ranks, run="NAME" (or
     $VRAMSCOPE_RUN, or torchrun's rendezvous id) makes every rank's trace
     part of one run on the server; rank= and world_size= default to
     torch.distributed's, else to $RANK and $WORLD_SIZE."""
