@@ -138,10 +138,48 @@ type Trace struct {
 
 // Dropped says which events of a recording were left out when it was
 // stored because they contradict its own segments: how many, and the
-// first few with why.
+// first few with why; and, for a live trace, the job's entries that never
+// reached the server (Lost, in Gaps).
 type Dropped struct {
 	Count int            `json:"count"`
 	First []DroppedEvent `json:"first"`
+	// Lost counts the job's entries known to be lost between two reads
+	// of its ring (overwritten before they were read, or cleared); a gap
+	// whose count is unknown adds nothing here and says so itself.
+	Lost int64 `json:"lost,omitempty"`
+	// GapCount counts the gaps; Gaps names the first MaxGapsShown.
+	GapCount int   `json:"gap_count,omitempty"`
+	Gaps     []Gap `json:"gaps,omitempty"`
+	// Filled counts the events the server stood in for lost ones with:
+	// those that bring its state to the job's at each gap.
+	Filled int64 `json:"filled,omitempty"`
+}
+
+// Gap is where a live trace lost entries of the job: between event
+// AfterSeq (-1: before the first) and event Seq. Lost is how many (-1:
+// unknown, at least one); Filled events, numbered from AfterSeq+1, bring
+// the state to the job's as it was before event Seq.
+type Gap struct {
+	AfterSeq int64 `json:"after_seq"`
+	Seq      int64 `json:"seq"`
+	TimeUS   int64 `json:"time_us"`
+	Lost     int64 `json:"lost"`
+	Filled   int64 `json:"filled"`
+}
+
+// MaxGapsShown is how many gaps Dropped.Gaps names.
+const MaxGapsShown = 20
+
+// AddGap records g.
+func (d *Dropped) AddGap(g Gap) {
+	d.GapCount++
+	if g.Lost > 0 {
+		d.Lost += g.Lost
+	}
+	d.Filled += g.Filled
+	if len(d.Gaps) < MaxGapsShown {
+		d.Gaps = append(d.Gaps, g)
+	}
 }
 
 // DroppedEvent is one event left out: its index in the recording.

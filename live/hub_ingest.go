@@ -59,6 +59,9 @@ type ingestConn struct {
 	state Tail
 	fresh bool  // no event stored yet: the first may have any seq from 0 up
 	anns  int64 // annotations the trace has, stored or pending
+	// off is how many events the server made to fill gaps (see Poll):
+	// stored sequence numbers are the client's plus off.
+	off int64
 
 	device int // the trace's device, which its annotations are of
 
@@ -118,8 +121,14 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	defer h.release(s.t)
 	defer s.t.unclaim(s)
 	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+	if d := tr.Dropped; d != nil {
+		s.state.Gaps, s.state.Lost = d.GapCount, d.Lost
+	}
 	s.fresh = tr.Events == 0
 	s.device = tr.DeviceOrdinal
+	if tr.Dropped != nil {
+		s.off = tr.Dropped.Filled
+	}
 	if s.anns, err = s.storedAnnotations(hi.Trace); err != nil {
 		s.finish(gpu.StatusIncomplete)
 		reject(c, h.opt.WriteWait, "%v", err)
@@ -128,7 +137,7 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	s.t.publish(s.state)
 
 	c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
-	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: tr.LastSeq, Annotations: s.anns, URL: "/traces/" + tr.ID}); err != nil {
+	if err := c.WriteJSON(reply{Type: "ready", Trace: tr.ID, Seq: s.clientSeq(tr.LastSeq), Annotations: s.anns, URL: "/traces/" + tr.ID}); err != nil {
 		s.finish(gpu.StatusIncomplete)
 		return
 	}
@@ -146,7 +155,7 @@ func (h *Hub) ingest(c *websocket.Conn) {
 		c.SetWriteDeadline(time.Now().Add(h.opt.WriteWait))
 		if err := s.w.Err(); err != nil {
 			reject(c, h.opt.WriteWait, "%v", err)
-		} else if c.WriteJSON(reply{Type: "done", Trace: tr.ID, Seq: last.Seq}) == nil {
+		} else if c.WriteJSON(reply{Type: "done", Trace: tr.ID, Seq: s.clientSeq(last.Seq)}) == nil {
 			c.WriteMessage(websocket.CloseMessage, websocket.FormatCloseMessage(websocket.CloseNormalClosure, ""))
 		}
 	default:
@@ -309,6 +318,11 @@ func (s *ingestConn) read() (end bool, status gpu.TraceStatus, perr error) {
 		if s.msg.end {
 			return true, s.msg.status, nil
 		}
+		if s.msg.poll != nil {
+			if err := s.readPoll(); err != nil {
+				return false, "", err
+			}
+		}
 		if err := s.store(); err != nil {
 			return false, "", err
 		}
@@ -393,7 +407,7 @@ func (s *ingestConn) flusher(flushed, flushedAnns int64, stop <-chan struct{}, s
 			}
 		case <-tick.C:
 			s.mu.Lock()
-			st, anns := s.state, s.anns
+			st, anns, seq := s.state, s.anns, s.clientSeq(s.state.Seq)
 			s.mu.Unlock()
 			if st.Seq == flushed && anns == flushedAnns {
 				continue
@@ -405,7 +419,7 @@ func (s *ingestConn) flusher(flushed, flushedAnns int64, stop <-chan struct{}, s
 			flushed, flushedAnns = st.Seq, anns
 			s.t.publish(st)
 			s.c.SetWriteDeadline(time.Now().Add(s.h.opt.WriteWait))
-			if s.c.WriteJSON(reply{Type: "ack", Seq: st.Seq, Annotations: anns}) != nil {
+			if s.c.WriteJSON(reply{Type: "ack", Seq: seq, Annotations: anns}) != nil {
 				s.c.Close()
 				return
 			}

@@ -84,6 +84,9 @@ func (h *Hub) view(c *websocket.Conn, tr gpu.Trace) {
 	s := t.state
 	if !t.known {
 		s = Tail{Type: "tail", Trace: tr.ID, Status: tr.Status, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+		if d := tr.Dropped; d != nil {
+			s.Gaps, s.Lost = d.GapCount, d.Lost
+		}
 	}
 	v.offer(s)
 	t.mu.Unlock()

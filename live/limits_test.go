@@ -178,13 +178,15 @@ func TestEmptyLiveTracesExpire(t *testing.T) {
 }
 
 // FuzzDecodeMessage: any message, text or binary, decodes or fails with
-// an error, never a panic; a binary batch that decodes encodes back to
-// the same bytes' meaning.
+// an error, never a panic; a binary batch or poll that decodes encodes
+// back to the same bytes' meaning (a poll's pickle is the PyTorch
+// decoder's, fuzzed there).
 func FuzzDecodeMessage(f *testing.F) {
 	f.Add(false, []byte(`{"type":"events","stacks":{"1":[{"name":"f","filename":"a.py","line":3}]},"events":[{"seq":0,"time_us":1,"action":"alloc","addr":2097152,"size":512,"stream":0,"stack":1}]}`))
 	f.Add(false, []byte(`{"type":"end","status":"failed"}`))
 	f.Add(true, AppendBatch(nil, []StackDef{{1, gpu.Stack{{Name: "f", Filename: "a.py", Line: 1}}}},
 		[]gpu.Event{{Seq: 3, TimeUS: 7, Action: gpu.ActionAlloc, Addr: 1 << 21, Size: 512, Stack: 1}}))
+	f.Add(true, AppendPoll(nil, Poll{Seq: 5, Lost: -1, Ann: 2, Pickle: []byte("\x80\x04}\x94.")}))
 	f.Fuzz(func(t *testing.T, binary bool, data []byte) {
 		typ := websocket.TextMessage
 		if binary {
@@ -192,6 +194,13 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		var m message
 		if err := m.decode(typ, data); err != nil || !binary {
+			return
+		}
+		if m.poll != nil {
+			p, err := ParsePoll(AppendPoll(nil, *m.poll))
+			if err != nil || p.Seq != m.poll.Seq || p.Lost != m.poll.Lost || p.Ann != m.poll.Ann || !bytes.Equal(p.Pickle, m.poll.Pickle) {
+				t.Fatalf("a poll changed through encode and decode: %+v, %v", p, err)
+			}
 			return
 		}
 		again := AppendBatch(nil, m.defs, m.events)

@@ -170,16 +170,20 @@ func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace,
 		t.Fatal(err)
 	}
 	want := traces[0]
-	// The state before the first entry, as a snapshot the driver reads.
-	init := filepath.Join(t.TempDir(), "init.pickle")
-	f, err := os.Create(init)
-	if err != nil {
-		t.Fatal(err)
+	// The job's state after every read the driver makes: 37 entries
+	// each, until the one that reaches the OOM reads the rest.
+	oom := len(want.Events)
+	for _, e := range want.Events {
+		if e.Action == gpu.ActionOOM {
+			oom = int(e.Seq)
+			break
+		}
 	}
-	if err := pytorch.Export(f, &pytorch.Trace{Device: 0, Final: want.Initial, Stacks: want.Stacks, Settings: want.Settings}); err != nil {
-		t.Fatal(err)
+	var reads []int
+	for n := 0; n <= oom; n += 37 {
+		reads = append(reads, n)
 	}
-	f.Close()
+	states := writeStates(t, want, reads...)
 
 	db := testkit.OpenDB(t)
 	const token = "tok"
@@ -197,7 +201,7 @@ func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace,
 	}
 
 	helper, _ := filepath.Abs("python")
-	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, init, "200", "37", token, fmt.Sprint(annotationRing))
+	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, states, "200", "37", token, fmt.Sprint(annotationRing))
 	out, err := cmd.CombinedOutput()
 	t.Logf("driver:\n%s", out)
 	if err != nil {
@@ -211,6 +215,33 @@ func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace,
 		t.Fatal("the connection was not cut")
 	}
 	return want, db, srv, text
+}
+
+// writeStates writes tr's state (its segments, with the stacks of their
+// blocks) after each count of its entries into a folder, state-N.pickle,
+// for a driver that stands in for the job: PyTorch's snapshots give the
+// segments of the instant they are taken.
+func writeStates(t *testing.T, tr *pytorch.Trace, counts ...int) string {
+	t.Helper()
+	dir := t.TempDir()
+	l := tr.Initial.Clone()
+	i := 0
+	for _, n := range counts {
+		for ; i < len(tr.Events) && tr.Events[i].Seq < int64(n); i++ {
+			if err := l.Apply(tr.Events[i]); err != nil {
+				t.Fatal(err)
+			}
+		}
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("state-%d.pickle", n)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pytorch.Export(f, &pytorch.Trace{Device: 0, Final: l.Clone(), Stacks: tr.Stacks, Settings: tr.Settings}); err != nil {
+			t.Fatal(err)
+		}
+		f.Close()
+	}
+	return dir
 }
 
 func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {
@@ -256,8 +287,9 @@ func TestPythonWatchRanks(t *testing.T) {
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()
 	helper, _ := filepath.Abs("python")
+	states := rankStates(t, snap)
 	drive := func(run, rank string, env ...string) string {
-		cmd := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, run, rank)
+		cmd := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, states, run, rank)
 		cmd.Env = append(os.Environ(), env...)
 		out, err := cmd.CombinedOutput()
 		if err != nil {
@@ -296,6 +328,29 @@ func TestPythonWatchRanks(t *testing.T) {
 	}
 }
 
+// rankStates writes the states watch_rank_driver.py reads: every 500
+// entries until the OOM, and there.
+func rankStates(t *testing.T, snap string) string {
+	t.Helper()
+	traces, err := pytorch.DecodeFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := traces[0]
+	oom := len(tr.Events)
+	for _, e := range tr.Events {
+		if e.Action == gpu.ActionOOM {
+			oom = int(e.Seq)
+			break
+		}
+	}
+	var reads []int
+	for n := 0; n < oom; n += 500 {
+		reads = append(reads, n)
+	}
+	return writeStates(t, tr, append(reads, oom)...)
+}
+
 // watch() against a server that is not there raises after one try, as
 // Dial does, instead of holding the job up retrying.
 func TestPythonWatchUnreachable(t *testing.T) {
@@ -329,8 +384,9 @@ func TestPythonWatchCutAtTheEnd(t *testing.T) {
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()
 	helper, _ := filepath.Abs("python")
+	states := rankStates(t, snap)
 	for _, where := range []string{"after-end", "in-end"} {
-		out, err := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, "-", "-", where).CombinedOutput()
+		out, err := exec.Command(py, "testdata/watch_rank_driver.py", helper, srv.URL, snap, states, "-", "-", where).CombinedOutput()
 		text := string(out)
 		t.Logf("%s: driver:\n%s", where, text)
 		if err != nil {

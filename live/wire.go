@@ -23,7 +23,16 @@
 //
 // (the events are PyTorch trace entries plus "seq"; an entry may carry its
 // own "frames" instead of a "stack") or as binary messages in the compact
-// form of AppendBatch. A text events message may also carry the job's
+// form of AppendBatch, or as polls (AppendPoll): what a PyTorch job's
+// helper read of its ring at once, as the pickle PyTorch's own snapshot
+// makes, so that the job spends no time converting entries. A poll's
+// segments are the job's state after its entries; when the state the
+// server has before them is not the job's (entries were lost between two
+// reads: the ring was overwritten, or cleared, before they were read), the
+// server records a gap there, how many entries it lost (as the poll says;
+// unknown when it does not know) and fills it with the events that bring
+// its state to the job's. Those take sequence numbers of their own: the
+// numbers the client sends, acks and ready count only its entries. A text events message may also carry the job's
 // annotations (its steps and phases, as a snapshot's
 // external_annotations), "annotations":[{"time_us":..,"stage":"START"|"END",
 // "name":..}], numbered in the order sent from 0: "ready" and every "ack"
@@ -44,7 +53,8 @@
 // Viewers (GET /ws/traces/{id}) get text messages
 //
 //	{"type":"tail","trace":ID,"status":"live","seq":N,"events":E,
-//	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..}
+//	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..,
+//	 "gaps":G,"lost":L}
 //
 // each of which says everything a page needs to follow the tail (it then
 // fetches what it shows through the JSON API), so a newer one replaces an
@@ -159,6 +169,10 @@ type Tail struct {
 	Rate      float64         `json:"rate"`      // events per second lately
 	Coalesced int             `json:"coalesced"` // updates folded into this one
 	SentMS    int64           `json:"sent_ms"`   // server clock, Unix ms
+	// Gaps and Lost: where the job's entries were lost, and how many
+	// were known lost (gpu.Dropped's GapCount and Lost).
+	Gaps int   `json:"gaps,omitempty"`
+	Lost int64 `json:"lost,omitempty"`
 }
 
 // StackDef is a stack the client defines for the ids its events use.
@@ -169,6 +183,48 @@ type StackDef struct {
 
 // batchVersion opens every binary batch.
 const batchVersion = 1
+
+// pollVersion opens every binary poll.
+const pollVersion = 2
+
+// Poll is one read of a PyTorch job's ring: its entries are numbered from
+// Seq; Lost says how many entries the client knows were lost before them
+// (0: none known, -1: some, how many unknown); its annotations are
+// numbered from Ann; Pickle is a PyTorch snapshot (pickle protocol 2 to
+// 5, or JSON) holding the entries, the annotations and the segments after
+// them.
+type Poll struct {
+	Seq    int64
+	Lost   int64
+	Ann    int64
+	Pickle []byte
+}
+
+// AppendPoll appends p's binary form: the version byte, uvarint Seq,
+// varint Lost, uvarint Ann, then the pickle to the end of the message.
+func AppendPoll(buf []byte, p Poll) []byte {
+	buf = append(buf, pollVersion)
+	buf = binary.AppendUvarint(buf, uint64(p.Seq))
+	buf = binary.AppendVarint(buf, p.Lost)
+	buf = binary.AppendUvarint(buf, uint64(p.Ann))
+	return append(buf, p.Pickle...)
+}
+
+// ParsePoll decodes a binary poll; the pickle is not copied.
+func ParsePoll(b []byte) (Poll, error) {
+	r := byteReader{b: b}
+	if v := r.byte(); v != pollVersion {
+		return Poll{}, fmt.Errorf("binary poll version %d, want %d", v, pollVersion)
+	}
+	seq, lost, ann := r.uvarint(), r.varint(), r.uvarint()
+	if r.err != nil {
+		return Poll{}, fmt.Errorf("binary poll at byte %d: %w", r.off, r.err)
+	}
+	if seq > 1<<62 || ann > 1<<62 || lost < -1 {
+		return Poll{}, fmt.Errorf("binary poll: entry %d, annotation %d, %d lost: out of range", seq, ann, lost)
+	}
+	return Poll{Seq: int64(seq), Lost: lost, Ann: int64(ann), Pickle: b[r.off:]}, nil
+}
 
 // AppendBatch appends the binary form of stacks and events to buf: a version
 // byte, the stack definitions (uvarint id, uvarint length, JSON frames), then
@@ -320,6 +376,7 @@ type message struct {
 	events []gpu.Event
 	frames []gpu.Stack // per event, its own frames; nil when no event has any
 	anns   []gpu.Annotation
+	poll   *Poll // a binary poll, still to be read (ingestConn.poll)
 }
 
 // decode reads a websocket message of type typ into m, reusing its
@@ -327,7 +384,12 @@ type message struct {
 // connection caps.
 func (m *message) decode(typ int, msg []byte) error {
 	m.end, m.status = false, ""
-	m.defs, m.events, m.frames, m.anns = m.defs[:0], m.events[:0], nil, m.anns[:0]
+	m.defs, m.events, m.frames, m.anns, m.poll = m.defs[:0], m.events[:0], nil, m.anns[:0], nil
+	if typ == websocket.BinaryMessage && len(msg) > 0 && msg[0] == pollVersion {
+		p, err := ParsePoll(msg)
+		m.poll = &p
+		return err
+	}
 	if typ == websocket.BinaryMessage {
 		var err error
 		m.defs, m.events, err = ParseBatch(msg, m.defs, m.events)

@@ -72,6 +72,27 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
   document.addEventListener("keydown", onKey);
   badge.addEventListener("click", () => (state.following ? pause() : resume()));
 
+  // Entries of the job lost since the page was drawn: the page says so at
+  // once; where, it says once reloaded (the note the server draws).
+  function showLost(m) {
+    const page = document.getElementById("view");
+    if (!page || page.dataset.id !== view.id) return;
+    const drawn = Number(document.getElementById("lost")?.dataset.gaps ?? 0);
+    let note = document.getElementById("lost-live");
+    if (!m.gaps || m.gaps <= drawn) {
+      note?.remove();
+      return;
+    }
+    if (!note) {
+      note = document.createElement("p");
+      note.id = "lost-live";
+      note.className = "dropped";
+      page.prepend(note);
+    }
+    const known = m.lost ? `: ${m.lost.toLocaleString("en-US")} known` : "";
+    note.textContent = `Entries of the job were lost in ${m.gaps} ${m.gaps === 1 ? "gap" : "gaps"}${known}. Reload the page to see where.`;
+  }
+
   function connect() {
     if (state.stopped) return;
     const proto = location.protocol === "https:" ? "wss:" : "ws:";
@@ -86,6 +107,7 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       state.seq = m.seq;
       state.rate = m.rate;
       if (m.events > 0) state.lastUS = m.last_us;
+      showLost(m);
       view.extendTo(state.lastUS ?? m.last_us);
       if (state.following && m.events > 0) jump();
       render();

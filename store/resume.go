@@ -114,6 +114,7 @@ func (db *DB) resume(id string) (*Writer, int64, error) {
 	w.peak = gpu.Totals{Reserved: t.PeakReserved, Allocated: t.PeakAllocated, Active: t.PeakActive}
 	w.peakSeq, w.peakUS = t.PeakSeq, t.PeakUS
 	w.ooms = t.OOMs
+	w.dropped = t.Dropped
 	if t.Events > 0 {
 		w.pyr.resumed, w.pyr.priorUS = true, t.LastUS
 	}

@@ -169,7 +169,10 @@ type Writer struct {
 	stacks  gpu.StackTable
 	pend    pending
 	timer   *time.Timer
-	dropped string // JSON of gpu.Dropped, stored with the last batch
+	// dropped: what SetDropped and EmitGap recorded; stored with the
+	// next commit once changed (droppedNew), and with the last.
+	dropped    *gpu.Dropped
+	droppedNew bool
 	// sinceCheckpoint counts the events since the last checkpoint, which
 	// held checkpointBlocks blocks.
 	sinceCheckpoint, checkpointBlocks int
@@ -487,7 +490,7 @@ type batch struct {
 	openBlob  []byte
 	trace     traceCounters
 	status    gpu.TraceStatus // set when closing
-	dropped   string          // with status
+	dropped   *string         // JSON of gpu.Dropped ("" for none), when it is to be stored
 }
 
 type traceCounters struct {
@@ -504,6 +507,10 @@ type traceCounters struct {
 func (w *Writer) take() *batch {
 	b := &batch{pending: w.pend}
 	w.pend = pending{}
+	if w.droppedNew {
+		b.dropped = w.droppedJSON()
+		w.droppedNew = false
+	}
 	b.levels = append(b.levels, w.pyr.take()...)
 	b.trace = w.counters()
 	if w.importing && !w.closed {
@@ -596,7 +603,7 @@ func (w *Writer) last(status gpu.TraceStatus) *batch {
 	}
 	w.pyr.closeAll()
 	b := w.take()
-	b.status, b.dropped = status, w.dropped
+	b.status, b.dropped = status, w.droppedJSON()
 	return b
 }
 
@@ -622,12 +629,67 @@ func (w *Writer) Seal() error {
 }
 
 // SetDropped records the events of the recording left out of the trace,
-// stored when the writer closes.
+// stored with the next commit.
 func (w *Writer) SetDropped(d gpu.Dropped) {
-	b, _ := json.Marshal(d)
 	w.mu.Lock()
-	w.dropped = string(b)
+	w.dropped, w.droppedNew = &d, true
 	w.mu.Unlock()
+}
+
+// EmitGap stores the events that fill a gap of a live trace (they bring
+// its state to the job's) with the gap, in one commit: a trace resumed
+// after a crash has both or neither, and so numbers its client's events
+// as before.
+func (w *Writer) EmitGap(g gpu.Gap, fill []gpu.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed || w.Err() != nil {
+		return
+	}
+	for i := range fill {
+		if err := w.add(fill[i]); err != nil {
+			w.fail(err)
+			return
+		}
+	}
+	if w.dropped == nil {
+		w.dropped = &gpu.Dropped{}
+	}
+	w.dropped.AddGap(g)
+	w.droppedNew = true
+	w.pend.events += len(fill)
+	w.commit(false)
+}
+
+// Dropped is a copy of what SetDropped and EmitGap recorded (and, for a
+// resumed trace, what was stored before); nil for nothing.
+func (w *Writer) Dropped() *gpu.Dropped {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.dropped == nil {
+		return nil
+	}
+	d := *w.dropped
+	d.First = append([]gpu.DroppedEvent(nil), d.First...)
+	d.Gaps = append([]gpu.Gap(nil), d.Gaps...)
+	return &d
+}
+
+// droppedJSON is w.dropped as stored; the caller holds w.mu.
+func (w *Writer) droppedJSON() *string {
+	s := ""
+	if w.dropped != nil {
+		b, _ := json.Marshal(w.dropped)
+		s = string(b)
+	}
+	return &s
+}
+
+// Layout is a copy of the layout after the last event emitted.
+func (w *Writer) Layout() *gpu.Layout {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.layout.Clone()
 }
 
 // Publish closes the writers of ImportTrace as complete (storing their
@@ -650,7 +712,7 @@ func (db *DB) publish(ws []*Writer, also func(tx *sql.Tx) error) error {
 		}
 		defer w.unregister()
 		if w.sealed {
-			batches = append(batches, &batch{trace: w.counters(), status: gpu.StatusComplete, dropped: w.dropped})
+			batches = append(batches, &batch{trace: w.counters(), status: gpu.StatusComplete, dropped: w.droppedJSON()})
 		} else {
 			batches = append(batches, w.last(gpu.StatusComplete))
 		}
@@ -808,8 +870,12 @@ func (w *Writer) store(tx *sql.Tx, b *batch) error {
 	args := []any{t.events, t.first, t.last, t.firstUS, t.lastUS, int64(t.peak.Reserved), int64(t.peak.Allocated), int64(t.peak.Active),
 		t.peakSeq, t.peakUS, t.ooms}
 	if b.status != "" {
-		q += ", status = ?, dropped = ?"
-		args = append(args, string(b.status), b.dropped)
+		q += ", status = ?"
+		args = append(args, string(b.status))
+	}
+	if b.dropped != nil {
+		q += ", dropped = ?"
+		args = append(args, *b.dropped)
 	}
 	if _, err := tx.Exec(q+" WHERE tid = ?", append(args, tid)...); err != nil {
 		return err

@@ -79,3 +79,29 @@ func boolAttr(b bool) string {
 	}
 	return "0"
 }
+
+// lostSummary is the one line a live trace's lost entries get.
+func lostSummary(d *gpu.Dropped) string {
+	s := "Entries of the job were lost in " + plural(d.GapCount, "1 gap", strconv.Itoa(d.GapCount)+" gaps")
+	if d.Lost > 0 {
+		s += ": " + groupDigits(d.Lost) + " known"
+	}
+	return s + "."
+}
+
+// lostCount says how many entries one gap lost.
+func lostCount(n int64) string {
+	if n < 0 {
+		return "entries lost, how many unknown"
+	}
+	return "about " + groupDigits(n) + " entries lost"
+}
+
+// groupDigits writes n with a comma between thousands: 92,081.
+func groupDigits(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	for i := len(s) - 3; i > 0 && s[i-1] != '-'; i -= 3 {
+		s = s[:i] + "," + s[i:]
+	}
+	return s
+}

@@ -1,22 +1,47 @@
-"""Watch a PyTorch job's CUDA memory live in vramscope.
+"""Watch a PyTorch job's CUDA memory in vramscope, live or on out-of-memory only.
 
     import vramscope_watch
     vramscope_watch.watch("http://127.0.0.1:8080")     # token=... when the server has one
     vramscope_watch.watch(url, run="job-42")           # every rank of a job: one run
+    vramscope_watch.on_oom(dir="oom/")                 # nothing but PyTorch's recording until an OOM
 
-watch() turns on PyTorch's memory-history recording, and a background thread
-sends the new trace entries to the server every few hundred milliseconds over
-a websocket (/ws/ingest); the trace page follows them as they come. When an
-entry says the allocator ran out of memory, the whole snapshot is uploaded
-(POST /api/traces) and the incident's link is printed. Standard library only:
-the websocket client is the few lines it needs, written here.
+or, without editing the script (as python -m cProfile does; under torchrun
+every rank reports as a rank of one run):
 
-PyTorch's snapshot returns the whole ring buffer of entries every time; the
-watcher finds where the entries it already sent end (by their fields, even
-after the ring has wrapped) and sends only what follows, each entry once,
-numbered. If more entries than the ring holds happen between two polls the
-thread cannot tell what was lost: it ends the trace and starts a new one from
-the current state, saying so.
+    python -m vramscope_watch --url http://127.0.0.1:8080 train.py ARGS...
+    python -m vramscope_watch --on-oom --dir oom/ train.py ARGS...
+    torchrun --nproc-per-node 8 -m vramscope_watch --url URL train.py ARGS...
+
+watch() turns on PyTorch's memory-history recording (Python frames only
+unless stacks="all": C++ frames cost far more to record and to read), and a
+background thread reads what the allocator recorded every interval and
+streams it to the server over a websocket (/ws/ingest); the trace page
+follows it as it comes.
+
+What watching costs. Each read is one torch.cuda.memory._snapshot(), which
+holds the GIL while it turns the ring into Python objects (2.9 us an entry
+on an H200 with C++ frames). The watcher clears the ring after every read
+(so a read costs what is new, not the ring), sends the snapshot as the
+pickle it already is (no Python work per entry), and keeps its own time
+holding the GIL under `duty` (3 % by default) of the job's: it sizes the
+ring to what that time can read. A job that records more than that between
+two reads loses the oldest entries of the interval; the server then
+records a gap (where, and how many, on the trace page and in the API) and
+brings its state to the job's from the snapshot, so the trace stays right
+from there on. Even when the ring is not full, the entries the job makes
+between a read and its clear (its thread may run there) are lost, and
+said. duty=1 never clears: every read converts the whole ring (up to
+max_entries), and nothing is lost unless more than that come between two
+reads.
+
+On out-of-memory only (on_oom(), or --on-oom): recording is on (PyTorch's
+own cost) and nothing else runs until PyTorch's OOM observer fires; then
+the snapshot is uploaded (its incident's link is printed) or written to a
+folder, one file per rank with the rank in its name, for
+`vramscope import --run NAME FOLDER` later.
+
+Standard library only: the websocket client is the few lines it needs,
+written here.
 """
 
 import atexit
@@ -34,33 +59,66 @@ import time
 import urllib.parse
 import urllib.request
 
-__all__ = ["watch", "Watcher"]
+__all__ = ["watch", "on_oom", "Watcher", "OOMWatcher", "ServerError", "main"]
 
 
-def _start_recording(max_entries):
-    """The one call that turns recording on."""
+def _memory():
     import torch
 
-    torch.cuda.memory._record_memory_history(enabled="all", max_entries=max_entries)
+    return torch.cuda.memory
 
 
-def _snapshot():
-    """The one call that reads the allocator's state and entries."""
+def _record(stacks, max_entries, clear=False):
+    """Turns recording on (again), with a ring of max_entries; clear
+    empties it."""
+    kw = dict(enabled="all", context="all", stacks=stacks, max_entries=max_entries)
+    if clear:
+        kw["clear_history"] = True
+    _memory()._record_memory_history(**kw)
+
+
+def _can_clear():
+    """Whether this PyTorch's _record_memory_history can clear the ring
+    (clear_history, in 2.1 and later)."""
+    import inspect
+
+    try:
+        return "clear_history" in inspect.signature(_memory()._record_memory_history).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _torch_snapshot():
+    return _memory()._snapshot()
+
+
+def _entry_count(device):
+    """About how many entries the allocator has recorded on device, from
+    its counters (cheap: no ring is read): each allocation makes an alloc
+    and, freed, a free_requested and a free_completed; each segment a
+    segment_alloc or _map and a segment_free or _unmap."""
+    s = _memory().memory_stats(device)
+    seg = s.get("num_device_alloc", s.get("segment.all.allocated", 0)) + s.get("num_device_free", s.get("segment.all.freed", 0))
+    return s.get("allocation.all.allocated", 0) + 2 * s.get("allocation.all.freed", 0) + seg + s.get("num_ooms", 0)
+
+
+def _attach_oom_observer(fn):
     import torch
 
-    return torch.cuda.memory._snapshot()
+    torch._C._cuda_attach_out_of_memory_observer(fn)
 
 
 def _dist_rank():
     """This process's rank and world size: torch.distributed's once it is
     initialised, else torchrun's RANK and WORLD_SIZE, else (None, 0)."""
-    try:
-        import torch.distributed as dist
+    if "torch" in sys.modules:
+        try:
+            import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except Exception:
-        pass
+            if dist.is_available() and dist.is_initialized():
+                return dist.get_rank(), dist.get_world_size()
+        except Exception:
+            pass
     try:
         rank = int(os.environ["RANK"])
     except (KeyError, ValueError):
@@ -88,6 +146,10 @@ def _current_device():
         return torch.cuda.current_device()
     except Exception:
         return 0
+
+
+def _prog():
+    return os.path.basename(sys.argv[0] or "python") or "python"
 
 
 class ServerError(Exception):
@@ -163,6 +225,9 @@ class _WebSocket:
     def send(self, obj):
         self._frame(1, json.dumps(obj, separators=(",", ":")).encode())
 
+    def send_binary(self, data):
+        self._frame(2, data)
+
     def ready(self):
         """Whether a frame can be read without waiting."""
         if self.buf:
@@ -170,8 +235,9 @@ class _WebSocket:
         r, _, _ = select.select([self.sock], [], [], 0)
         return bool(r)
 
-    def recv(self):
-        """The next text message, parsed; answers pings on the way."""
+    def recv(self, block=True):
+        """The next text message, parsed; answers pings on the way. Not
+        to block: None once the frames at hand were only pings."""
         msg = b""
         while True:
             b0, b1 = self._take(2)
@@ -187,7 +253,9 @@ class _WebSocket:
             op = b0 & 0x0F
             if op == 9:
                 self._frame(10, data)
-            elif op == 8:
+            if op in (9, 10) and not block and not msg and not self.ready():
+                return None
+            if op == 8:
                 raise ConnectionError("closed by the server")
             elif op in (0, 1, 2):
                 msg += data
@@ -210,20 +278,49 @@ def _annotation_key(a):
     return (a.get("time_us"), a.get("stage"), a.get("name"))
 
 
-class Watcher:
-    """Streams one device's trace entries to a vramscope server."""
+def _headers(token):
+    return {"Authorization": "Bearer " + token} if token else {}
 
-    TAIL = 16  # entries remembered to find where the sent ones end
 
-    def __init__(self, url, token=None, device=None, interval=0.3, name=None, max_entries=100000,
-                 snapshot=_snapshot, start_recording=_start_recording, out=sys.stderr,
-                 run=None, rank=None, world_size=None):
-        self.base = url.rstrip("/")
-        self.token = token if token is not None else os.environ.get("VRAMSCOPE_TOKEN")
+def _upload(base, token, snap, name, device, out):
+    """Uploads a snapshot (POST /api/traces) and prints its incident's
+    link; None when the upload failed (the job matters more)."""
+    body = pickle.dumps(snap, protocol=4)
+    q = urllib.parse.urlencode({"name": "%s OOM %s" % (name, time.strftime("%Y-%m-%d %H:%M:%S"))})
+    req = urllib.request.Request(base + "/api/traces?" + q, data=body, method="POST",
+                                 headers=dict(_headers(token), **{"Content-Type": "application/octet-stream"}))
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            got = json.load(resp)
+    except Exception as e:
+        print("vramscope: uploading the snapshot failed: %s" % e, file=out)
+        return None
+    for t in got.get("traces", []):
+        if t.get("oom_count", 0) > 0 and t.get("device_ordinal", device) == device:
+            link = "%s/traces/%s/incidents/%d" % (base, t["id"], t["oom_count"])
+            break
+    else:
+        link = base + got.get("url", "")
+    print("vramscope: CUDA out of memory; incident: %s" % link, file=out)
+    return link
+
+
+class _Poll:
+    """One read of the ring, as sent: entries [first, end), annotations
+    before ann_end, and the message."""
+
+    __slots__ = ("first", "end", "ann_end", "message")
+
+    def __init__(self, first, end, ann_end, message):
+        self.first, self.end, self.ann_end, self.message = first, end, ann_end, message
+
+
+class _Identity:
+    """Who the job is: its run, rank, name and device."""
+
+    def __init__(self, device, name, run, rank, world_size):
         self.device = _current_device() if device is None else device
-        self.interval = interval
-        # The run this trace is a rank of: every rank of a job names the
-        # same run and the server groups them.
+        # Every rank of a job names the same run and the server groups them.
         self.run = run if run is not None else _run_name()
         dist_rank, dist_world = _dist_rank()
         self.rank = rank if rank is not None else dist_rank
@@ -232,43 +329,84 @@ class Watcher:
             self.rank = 0
         if self.run is None and rank is not None:
             raise ValueError("vramscope: rank= needs run=, the name every rank of the job gives")
-        prog = os.path.basename(sys.argv[0] or "python")
-        if self.run is not None:
+        prog = _prog()
+        if self.rank is not None:
             prog = "%s rank %d" % (prog, self.rank)
         self.name = name or "%s (cuda:%d)" % (prog, self.device)
+
+
+class Watcher:
+    """Streams one device's allocator entries to a vramscope server.
+
+    snapshot, start_recording, clear and count stand in for PyTorch's calls
+    (tests, benchmarks): snapshot() is torch.cuda.memory._snapshot();
+    start_recording(n) turns recording on with a ring of n entries;
+    clear(n) empties the ring and makes it n entries long (False: it
+    cannot); count() is about how many entries have been recorded so far.
+    Without clear, each read looks for where the entries it sent end."""
+
+    TAIL = 16  # entries remembered to find where the sent ones end
+    MIN_RING = 1000
+    STALL = 0.04  # the most one read may hold the GIL, in seconds
+    MAX_MESSAGE = 7 << 20  # under the server's cap on a message (8 MiB by default)
+
+    def __init__(self, url, token=None, device=None, interval=0.5, name=None, max_entries=100000,
+                 stacks="python", duty=0.03, snapshot=None, start_recording=None, clear=None, count=None,
+                 out=sys.stderr, run=None, rank=None, world_size=None):
+        if stacks not in ("python", "all"):
+            raise ValueError("vramscope: stacks=%r: 'python' or 'all'" % (stacks,))
+        if not 0 < duty <= 1:
+            raise ValueError("vramscope: duty=%r: a fraction of the job's time, in (0, 1]" % (duty,))
+        self.base = url.rstrip("/")
+        self.token = token if token is not None else os.environ.get("VRAMSCOPE_TOKEN")
+        who = _Identity(device, name, run, rank, world_size)
+        self.device, self.run, self.rank, self.world_size, self.name = who.device, who.run, who.rank, who.world_size, who.name
+        self.interval = interval
+        self.duty = duty
         self.max_entries = max_entries
-        self._snapshot = snapshot
-        self._start_recording = start_recording
+        if snapshot is None:
+            self._snapshot = _torch_snapshot
+            self._start_recording = lambda n: _record(stacks, n)
+            self._clear = (lambda n: _record(stacks, n, clear=True)) if _can_clear() else None
+            self._count = lambda: _entry_count(self.device)
+            self._observe = _attach_oom_observer
+        else:
+            self._snapshot = snapshot
+            self._start_recording = start_recording or (lambda n: None)
+            self._clear, self._count, self._observe = clear, count, None
         self.out = out
-        self.trace = None  # the server's id of the current trace
+        self.trace = None  # the server's id of the trace
         self.traces = []  # every trace this watcher made
         self.incidents = []  # links printed for out-of-memory errors
+        self.lost = 0  # entries known lost; gaps of unknown size add nothing
+        self.gaps = 0
+        self.held = 0.0  # seconds spent reading the ring (the GIL held nearly all of it)
         self.lock = threading.Lock()
         self.stop_event = threading.Event()
         self.thread = None
         self.ws = None
         self.error = None
         self.closed = False
+        self._oom = False
 
-    # -- the entries -------------------------------------------------------
+    # -- reading the ring --------------------------------------------------
+
+    def _entries(self, snap):
+        traces = snap.get("device_traces") or []
+        return traces[self.device] if self.device < len(traces) else []
 
     def _begin(self, snap):
-        """Starts a trace at snap: its segments are the state, its entries
-        are history from before the trace."""
-        self.tail = [_key(e) for e in self._entries(snap)[-self.TAIL:]]
-        self.seen = len(self._entries(snap))
-        self.seq = 0
-        self.pending = []  # (seq, message entry), not yet acknowledged
-        self.sent = 0
-        self.stacks = {}  # frames key -> id
-        self.stack_defs = {}  # id (str) -> frames
-        # The job's annotations (record_function regions: steps, phases),
-        # numbered in the order read: anns holds those from number
-        # ann_base on, the server has the first ann_sent. Those read now,
-        # from before the trace, name the regions it begins inside of.
-        self.anns, self.ann_base, self.ann_sent, self.ann_last = [], 0, 0, None
-        self._annotations(snap)
-        self.trace = None
+        """Starts the stream at snap: its segments are the state, its
+        entries history from before the watch."""
+        entries = self._entries(snap)
+        self.tail = [_key(e) for e in entries[-self.TAIL:]]
+        self.seen = len(entries)
+        self.seq = 0  # the number of the next entry
+        self.pending = []  # _Poll, not yet acknowledged
+        self.sent = 0  # of pending, sent on this connection
+        self.ann_next = 0  # the number of the next annotation
+        self.ann_last = None
+        self._annotations(snap)  # those from before the trace name the regions it begins inside of
         segs = [s for s in snap.get("segments", []) if s.get("device", 0) == self.device]
         initial = {"segments": segs, "device_traces": []}
         if "allocator_settings" in snap:
@@ -277,14 +415,12 @@ class Watcher:
                                                 "device_name": "cuda:%d" % self.device}, "snapshot": initial}
         if self.run is not None:
             self.hello["run"] = {"name": self.run, "rank": self.rank, "world_size": self.world_size or 0}
-
-    def _entries(self, snap):
-        traces = snap.get("device_traces") or []
-        return traces[self.device] if self.device < len(traces) else []
+        self._first_anns = self.anns_read
+        self.counted = self._count() if self._count else None
 
     def _new(self, entries):
-        """The entries after the last one sent, or None when they cannot be
-        found (the ring overwrote them)."""
+        """Without clearing: the entries after the last one sent, or None
+        when they cannot be found (the ring overwrote them)."""
         if not self.tail:
             return entries
         k = len(self.tail)
@@ -296,8 +432,8 @@ class Watcher:
         return None
 
     def _annotations(self, snap):
-        """Queues the device's annotations read since the last call. Like
-        the entries they are a ring: go on after the last one read, or when
+        """The device's annotations read since the last call. Like the
+        entries they are a ring: go on after the last one read, or when
         the ring dropped it, after its time."""
         anns = [a for a in snap.get("external_annotations") or [] if a.get("device", 0) == self.device]
         start = 0
@@ -305,65 +441,88 @@ class Watcher:
             start = next((i + 1 for i in range(len(anns) - 1, -1, -1) if _annotation_key(anns[i]) == self.ann_last), None)
             if start is None:
                 start = next((i for i, a in enumerate(anns) if a.get("time_us", 0) > self.ann_last[0]), len(anns))
-        for a in anns[start:]:
-            self.anns.append({"time_us": a.get("time_us", 0), "stage": a.get("stage"), "name": a.get("name", "")})
-            self.ann_last = _annotation_key(a)
+        new = anns[start:]
+        if new:
+            self.ann_last = _annotation_key(new[-1])
+        self.anns_read = new
+        return new
 
-    def _server_has(self, n):
-        """The server has annotations 0..n-1: those are let go."""
-        drop = min(max(0, n - self.ann_base), len(self.anns))
-        del self.anns[:drop]
-        self.ann_base += drop
-
-    def _stack(self, frames):
-        if not frames:
-            return 0
-        key = tuple((f.get("name"), f.get("filename"), f.get("line")) for f in frames)
-        sid = self.stacks.get(key)
-        if sid is None:
-            sid = len(self.stacks) + 1
-            self.stacks[key] = sid
-            self.stack_defs[str(sid)] = [{"name": n, "filename": fn, "line": ln} for n, fn, ln in key]
-        return sid
+    def _size_ring(self, took, n):
+        """The ring for the next interval: as many entries as duty lets a
+        read convert, at what this one cost an entry, and no more than one
+        read may hold the GIL for (STALL)."""
+        if n < 100 or not self.clearing:
+            return
+        per = took / n
+        self.per_entry = per if self.per_entry is None else 0.5 * (self.per_entry + per)
+        fit = min(self.duty * self.interval, self.STALL) / self.per_entry
+        self.ring = int(min(self.max_entries, max(self.MIN_RING, fit)))
 
     def poll(self):
-        """Reads the entries once and queues the new ones; returns them."""
+        """Reads the ring once and queues what is new; returns the number
+        of new entries."""
         snap = self._snapshot()
-        entries = self._entries(snap)
-        new = self._new(entries)
-        if new is None:
-            print("vramscope: more than %d allocator events between two polls; "
-                  "ending this trace and starting another from the current state" % len(entries), file=self.out)
-            self._end("incomplete")
-            self._begin(snap)
-            return []
-        for e in new:
-            m = {"seq": self.seq, "time_us": e.get("time_us", 0), "action": e.get("action"),
-                 "addr": e.get("addr", 0), "size": e.get("size", 0), "stream": e.get("stream", 0)}
-            if "device_free" in e:
-                m["device_free"] = e["device_free"]
-            sid = self._stack(e.get("frames"))
-            if sid:
-                m["stack"] = sid
-            self.pending.append((self.seq, m))
-            self.seq += 1
-        if new:
-            self.tail = (self.tail + [_key(e) for e in new])[-self.TAIL:]
-        self.seen = len(entries)
-        self._annotations(snap)
-        if any(e.get("action") == "oom" for e in new):
+        ring_was = self.ring_set  # the ring's length since the last clear
+        if self.clearing:
+            self._clear(self.ring)  # at once: what comes before the clear is lost
+            self.ring_set = self.ring
+            entries = self._entries(snap)
+            # The allocator's counters say about how many entries came
+            # since the last read: those the ring overwrote, and those
+            # that came between that read and its clear (the job's thread
+            # may run there), are lost. A full ring without counters: some.
+            lost = -1 if len(entries) >= ring_was else 0
+            counted = self._count() if self._count else None
+            if counted is not None and self.counted is not None and counted - self.counted > len(entries):
+                lost = counted - self.counted - len(entries)
+            self.counted = counted
+        else:
+            entries = self._entries(snap)
+            new = self._new(entries)
+            lost = 0
+            if new is None:
+                new, lost = entries, -1
+            if new:
+                self.tail = (self.tail + [_key(e) for e in new])[-self.TAIL:]
+            self.seen = len(entries)
+            entries = new
+        anns = self._annotations(snap)
+        if entries or anns or lost:
+            segs = [s for s in snap.get("segments", []) if s.get("device", 0) == self.device]
+            body = {"segments": segs, "device_traces": [[]] * self.device + [entries], "external_annotations": anns}
+            if "allocator_settings" in snap:
+                body["allocator_settings"] = snap["allocator_settings"]
+            # The snapshot goes as the pickle it is: no Python work per entry.
+            data = pickle.dumps(body, protocol=4)
+            if len(data) > self.MAX_MESSAGE and entries:
+                # Too big for one message: the newest entries that fit go,
+                # the others are lost, and said.
+                keep = int(len(entries) * self.MAX_MESSAGE / len(data) * 0.9)
+                lost = max(lost, 0) + len(entries) - keep
+                entries = entries[len(entries) - keep:]
+                body["device_traces"] = [[]] * self.device + [entries]
+                data = pickle.dumps(body, protocol=4)
+            head = bytes([2]) + _uvarint(self.seq) + _uvarint(2 * (-lost) - 1 if lost < 0 else 2 * lost) + _uvarint(self.ann_next)
+            self.ann_next += len(anns)
+            self.pending.append(_Poll(self.seq, self.seq + len(entries), self.ann_next, head + data))
+            self.seq += len(entries)
+        if lost:
+            self.gaps += 1
+            self.lost += max(lost, 0)
+        oom = self._oom or (self._observe is None and any(e.get("action") == "oom" for e in entries))
+        if oom:
+            self._oom = False
             self._send()
-            self.upload(snap)
-        return new
+            link = _upload(self.base, self.token, snap, self.name, self.device, self.out)
+            if link:
+                self.incidents.append(link)
+        return len(entries)
 
     # -- the connection ----------------------------------------------------
 
-    def _headers(self):
-        return {"Authorization": "Bearer " + self.token} if self.token else {}
-
     def _connect(self):
         ws_url = self.base.replace("https://", "wss://", 1).replace("http://", "ws://", 1) + "/ws/ingest"
-        ws = _WebSocket(ws_url, self._headers())
+        ws = _WebSocket(ws_url, _headers(self.token))
         hello = dict(self.hello, trace=self.trace) if self.trace else self.hello
         ws.send(hello)
         r = ws.recv()
@@ -377,32 +536,30 @@ class Watcher:
             self.traces.append(r["trace"])
             print("vramscope: watching live at %s%s" % (self.base, r.get("url", "")), file=self.out)
         self.trace = r["trace"]
-        self._acked(r["seq"])
-        self.ann_sent = r.get("annotations", 0)
-        self._server_has(self.ann_sent)
-        self.sent = 0
         self.ws = ws
-        self.defs_sent = 0  # stack ids 1..defs_sent are defined on this connection
+        self.sent = 0
+        self._acked(r["seq"], r.get("annotations", 0))
 
-    def _acked(self, seq):
+    def _acked(self, seq, anns):
         i = 0
-        while i < len(self.pending) and self.pending[i][0] <= seq:
+        while i < len(self.pending) and self.pending[i].end - 1 <= seq and self.pending[i].ann_end <= anns:
             i += 1
         del self.pending[:i]
         self.sent = max(0, self.sent - i)
 
     def _drain(self):
         while self.ws.ready():
-            r = self.ws.recv()
+            r = self.ws.recv(block=False)
+            if r is None:
+                return
             if r.get("type") == "ack":
-                self._acked(r["seq"])
-                self._server_has(r.get("annotations", 0))
+                self._acked(r["seq"], r.get("annotations", 0))
             elif r.get("type") == "error":
                 raise ServerError(r.get("error"))
 
     def _send(self, retry_for=60.0):
-        """Sends what is queued, reconnecting (and resending what the server
-        lacks) when the connection drops."""
+        """Sends what is queued, reconnecting (and sending again what the
+        server lacks) when the connection drops."""
         deadline = time.monotonic() + retry_for
         wait = 0.05
         while True:
@@ -410,20 +567,9 @@ class Watcher:
                 if self.ws is None:
                     self._connect()
                 self._drain()
-                unsent_anns = self.anns[self.ann_sent - self.ann_base:]
-                if self.sent < len(self.pending) or self.defs_sent < len(self.stack_defs) or unsent_anns:
-                    batch = [m for _, m in self.pending[self.sent:self.sent + 2000]]
-                    msg = {"type": "events", "events": batch}
-                    if unsent_anns:
-                        msg["annotations"] = unsent_anns[:2000]
-                    if self.defs_sent < len(self.stack_defs):
-                        # Ids are given in order, so the undefined ones are the last.
-                        msg["stacks"] = {str(i): self.stack_defs[str(i)]
-                                         for i in range(self.defs_sent + 1, len(self.stack_defs) + 1)}
-                    self.ws.send(msg)
-                    self.defs_sent = len(self.stack_defs)
-                    self.sent += len(batch)
-                    self.ann_sent += len(msg.get("annotations", ()))
+                if self.sent < len(self.pending):
+                    self.ws.send_binary(self.pending[self.sent].message)
+                    self.sent += 1
                     continue
                 return
             except ServerError:
@@ -443,7 +589,7 @@ class Watcher:
         return min(wait * 2, 2.0)
 
     def _end(self, status, retry_for=60.0):
-        """Ends the current trace: everything sent, then end, then done. A
+        """Ends the trace: everything sent, then end, then done. A
         connection that drops before done comes is made again, what the
         server lacks sent again, and end with it, as for every other
         message; a server that had stored the end answers the new
@@ -462,7 +608,7 @@ class Watcher:
                     if r.get("type") == "done":
                         break
                     if r.get("type") == "ack":
-                        self._acked(r["seq"])
+                        self._acked(r["seq"], r.get("annotations", 0))
                     elif r.get("type") == "error":
                         raise ServerError(r.get("error"))
                 break
@@ -473,35 +619,25 @@ class Watcher:
         self.ws.close()
         self.ws = None
 
-    # -- out of memory -----------------------------------------------------
-
-    def upload(self, snap):
-        """Uploads the whole snapshot and prints the incident's link."""
-        body = pickle.dumps(snap, protocol=4)
-        q = urllib.parse.urlencode({"name": "%s OOM %s" % (self.name, time.strftime("%Y-%m-%d %H:%M:%S"))})
-        req = urllib.request.Request(self.base + "/api/traces?" + q, data=body, method="POST",
-                                     headers=dict(self._headers(), **{"Content-Type": "application/octet-stream"}))
-        try:
-            with urllib.request.urlopen(req, timeout=120) as resp:
-                out = json.load(resp)
-        except Exception as e:  # the job matters more than the upload
-            print("vramscope: uploading the snapshot failed: %s" % e, file=self.out)
-            return None
-        for t in out.get("traces", []):
-            if t.get("oom_count", 0) > 0 and t.get("device_ordinal", self.device) == self.device:
-                link = "%s/traces/%s/incidents/%d" % (self.base, t["id"], t["oom_count"])
-                break
-        else:
-            link = self.base + out.get("url", "")
-        self.incidents.append(link)
-        print("vramscope: CUDA out of memory; incident: %s" % link, file=self.out)
-        return link
-
     # -- the thread --------------------------------------------------------
 
     def start(self):
-        self._start_recording(self.max_entries)
-        self._begin(self._snapshot())
+        # Cleared after each read, a read costs what is new; duty=1, or a
+        # PyTorch that cannot clear, reads the whole ring of max_entries
+        # (nothing lost but what overflows it).
+        self.clearing = self._clear is not None and self.duty < 1
+        # A ring a first read converts in tens of milliseconds, sized to
+        # the duty after it.
+        self.ring = min(self.max_entries, 10000) if self.clearing else self.max_entries
+        self.per_entry = None
+        self._start_recording(self.ring)
+        self.ring_set = self.ring
+        snap = self._snapshot()
+        if self.clearing:
+            self._clear(self.ring)
+        self._begin(snap)
+        if self._observe is not None:
+            self._observe(self._on_oom)
         # The first connection is tried once: a server that is not there
         # is the caller's to hear of now, not after a minute of retries.
         self._send(retry_for=0)
@@ -509,6 +645,10 @@ class Watcher:
         self.thread.start()
         atexit.register(self.close)
         return self
+
+    def _on_oom(self, device, alloc, device_allocated, device_free):
+        if device == self.device:
+            self._oom = True
 
     def _run(self):
         while not self.stop_event.wait(self.interval):
@@ -521,8 +661,14 @@ class Watcher:
                 return
 
     def step(self):
-        """One poll and send; the thread calls this every interval."""
-        self.poll()
+        """One read and send; the thread calls this every interval. How
+        long the read took (the GIL held for nearly all of it, a thread
+        the machine let wait included) sizes the ring."""
+        t0 = time.perf_counter()
+        n = self.poll()
+        took = time.perf_counter() - t0
+        self.held += took
+        self._size_ring(took, n)
         self._send()
 
     def close(self, status="complete"):
@@ -541,18 +687,153 @@ class Watcher:
                 self._end(status)
             except Exception as e:
                 print("vramscope: ending the trace failed: %s" % e, file=self.out)
+            if self.gaps:
+                print("vramscope: %d gaps in the trace (%d entries known lost): the job recorded more between two "
+                      "reads than duty=%g let the watcher read (a larger duty reads more, at that cost)"
+                      % (self.gaps, self.lost, self.duty), file=self.out)
             self.trace = None
 
 
+def _uvarint(n):
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+class OOMWatcher:
+    """Records the allocator's history and, only when PyTorch runs out of
+    memory, uploads its snapshot to url or writes it into dir (or both).
+    snapshot, start_recording and attach stand in for PyTorch's calls."""
+
+    def __init__(self, url=None, dir=None, token=None, device=None, name=None, max_entries=100000,
+                 stacks="python", run=None, rank=None, world_size=None, out=sys.stderr,
+                 snapshot=None, start_recording=None, attach=None):
+        if url is None and dir is None:
+            raise ValueError("vramscope: on_oom() needs url= (upload) or dir= (write a file)")
+        self.base = url.rstrip("/") if url else None
+        self.dir = dir
+        self.token = token if token is not None else os.environ.get("VRAMSCOPE_TOKEN")
+        who = _Identity(device, name, run, rank, world_size)
+        self.device, self.rank, self.world_size, self.name = who.device, who.rank, who.world_size, who.name
+        self.max_entries = max_entries
+        self._snapshot = snapshot or _torch_snapshot
+        self._start_recording = start_recording or (lambda n: _record(stacks, n))
+        self._attach = attach or _attach_oom_observer
+        self.out = out
+        self.files = []  # snapshots written
+        self.incidents = []  # links printed
+
+    def start(self):
+        if self.dir:
+            os.makedirs(self.dir, exist_ok=True)
+        self._start_recording(self.max_entries)
+        self._attach(self.observe)
+        return self
+
+    def file_name(self):
+        """<script>-rank<R>[-of-<W>]-<time>-<pid>.pickle: vramscope import
+        --run reads the rank from the name."""
+        prog = os.path.splitext(_prog())[0]
+        who = ""
+        if self.rank is not None:
+            who = "-rank%d" % self.rank + ("-of-%d" % self.world_size if self.world_size else "")
+        return "%s%s-%s-%d.pickle" % (prog, who, time.strftime("%Y%m%d-%H%M%S"), os.getpid())
+
+    def observe(self, device, alloc, device_allocated, device_free):
+        """PyTorch's OOM observer: runs in the thread that ran out, before
+        the error is raised."""
+        if device != self.device:
+            return
+        try:
+            snap = self._snapshot()
+            if self.dir:
+                path = os.path.join(self.dir, self.file_name())
+                with open(path + ".part", "wb") as f:
+                    pickle.dump(snap, f, protocol=4)
+                os.replace(path + ".part", path)  # whole or not at all
+                self.files.append(path)
+                print("vramscope: CUDA out of memory; snapshot written to %s" % path, file=self.out)
+            if self.base:
+                link = _upload(self.base, self.token, snap, self.name, self.device, self.out)
+                if link:
+                    self.incidents.append(link)
+        except Exception as e:  # the job's own error comes next; this one must not hide it
+            print("vramscope: saving the out-of-memory snapshot failed: %s" % e, file=self.out)
+
+
 def watch(url, token=None, **kw):
-    """Starts watching this process's CUDA memory; returns the Watcher
+    """Starts watching this process's CUDA memory live; returns the Watcher
     (close() ends the trace; it also ends when the process exits). Raises
     ConnectionError at once when the server cannot be reached, ServerError
     when it refuses the stream (a wrong token, say); later drops are
     retried in the background.
 
-    In a job of several ranks, run="NAME" (or $VRAMSCOPE_RUN, or torchrun's
-    rendezvous id) makes every rank's trace part of one run on the server;
-    rank= and world_size= default to torch.distributed's, else to $RANK and
-    $WORLD_SIZE."""
+    stacks="all" records C++ frames too (costly); duty (0.03) is the most
+    of the job's time the watcher may hold the GIL, interval (0.5 s) how
+    often it reads. One watcher a process: clearing the ring clears every
+    device's, so a second watcher's device would lose entries (said). In a job of several ranks, run="NAME" (or
+    $VRAMSCOPE_RUN, or torchrun's rendezvous id) makes every rank's trace
+    part of one run on the server; rank= and world_size= default to
+    torch.distributed's, else to $RANK and $WORLD_SIZE."""
     return Watcher(url, token=token, **kw).start()
+
+
+def on_oom(url=None, dir=None, **kw):
+    """Records the allocator's history (PyTorch's own cost, nothing more)
+    and, when PyTorch runs out of memory, uploads the snapshot to url (an
+    incident; its link is printed) or writes it into dir, one file per
+    rank with the rank in its name, for vramscope import --run. Returns
+    the OOMWatcher."""
+    return OOMWatcher(url=url, dir=dir, **kw).start()
+
+
+def main(argv=None):
+    """python -m vramscope_watch [options] SCRIPT ARGS...: runs SCRIPT as
+    python would, watched."""
+    import argparse
+    import runpy
+
+    p = argparse.ArgumentParser(prog="python -m vramscope_watch",
+                                description="Run a PyTorch script with its CUDA memory watched by vramscope.")
+    p.add_argument("--url", help="the vramscope server (default: $VRAMSCOPE_URL)")
+    p.add_argument("--dir", help="with --on-oom: write the snapshot into this folder")
+    p.add_argument("--on-oom", action="store_true", help="record, and report only an out-of-memory error")
+    p.add_argument("--token", help="the server's token (default: $VRAMSCOPE_TOKEN)")
+    p.add_argument("--run", help="the run every rank names (default: $VRAMSCOPE_RUN, or torchrun's)")
+    p.add_argument("--name", help="the trace's name")
+    p.add_argument("--stacks", choices=("python", "all"), default="python", help="frames recorded (default: python)")
+    p.add_argument("--interval", type=float, default=0.5, help="seconds between reads (default: 0.5)")
+    p.add_argument("--duty", type=float, default=0.03, help="most of the job's time spent reading (default: 0.03)")
+    p.add_argument("--max-entries", type=int, default=100000, help="the largest ring (default: 100000)")
+    p.add_argument("script", help="the script to run")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    a = p.parse_args(argv)
+    url = a.url or os.environ.get("VRAMSCOPE_URL")
+    if a.dir and not a.on_oom:
+        p.error("--dir writes a file on out-of-memory: it needs --on-oom")
+    if not url and not a.dir:
+        p.error("give --url (or $VRAMSCOPE_URL), or --on-oom --dir")
+    run = a.run
+    if run is None and _run_name() is None and "RANK" in os.environ:
+        # torchrun without a rendezvous id: the ranks share the script's name.
+        run = "%s (torchrun)" % os.path.basename(a.script)
+    sys.argv = [a.script] + a.args
+    sys.path[0] = os.path.dirname(os.path.abspath(a.script))
+    common = dict(token=a.token, name=a.name, stacks=a.stacks, max_entries=a.max_entries, run=run)
+    if os.environ.get("LOCAL_RANK", "").isdigit():
+        # A rank's script picks its device (LOCAL_RANK's, as a rule) only
+        # after the watcher starts.
+        common["device"] = int(os.environ["LOCAL_RANK"])
+    if a.on_oom:
+        on_oom(url=url, dir=a.dir, **common)
+    else:
+        watch(url, interval=a.interval, duty=a.duty, **common)
+    runpy.run_path(a.script, run_name="__main__")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,5 +1,6 @@
 """Streams the entries of a real snapshot as one rank of a run, in place of
-torch: argv = helper dir, server URL, the snapshot, then run= and rank= as
+torch: argv = helper dir, server URL, the snapshot, a folder of the job's
+states (state-N.pickle: its segments after N entries), then run= and rank= as
 watch() takes them ("-" leaves one to the environment), and optionally
 where to cut the connection once while the trace ends: "after-end" (the
 end message is sent whole and the connection dies before done is read; the
@@ -12,8 +13,8 @@ import threading
 sys.path.insert(0, sys.argv[1])
 import vramscope_watch as vw  # noqa: E402
 
-url, path, run, rank = sys.argv[2:6]
-cut = sys.argv[6] if len(sys.argv) > 6 else None
+url, path, states, run, rank = sys.argv[2:7]
+cut = sys.argv[7] if len(sys.argv) > 7 else None
 with open(path, "rb") as f:
     full = pickle.load(f)
 entries = full["device_traces"][0]
@@ -27,7 +28,9 @@ def snapshot():
     if n >= len(entries):
         finished.set()
     state["n"] = min(len(entries), n + 500)
-    return {"segments": [], "device_traces": [entries[:n]]}
+    with open("%s/state-%d.pickle" % (states, n), "rb") as f:
+        segs = pickle.load(f)["segments"]
+    return {"segments": segs, "device_traces": [entries[:n]]}
 
 
 send, cuts = vw._WebSocket.send, {"n": 0}

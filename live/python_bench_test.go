@@ -1,0 +1,70 @@
+package live_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"testing"
+
+	"vramscope/internal/testkit"
+	"vramscope/server"
+)
+
+// BenchmarkPythonWatchOverhead runs testdata/bench_watch.py against the
+// whole server: a job loop of GIL-bound Python work making 1,701 trace
+// entries per 16 ms step, on the stand-in torch whose _snapshot() holds
+// the GIL for $VRAMSCOPE_BENCH_US_PER_ENTRY microseconds an entry (2.9,
+// the H200's), for $VRAMSCOPE_BENCH_STEPS steps (1,000) recording alone,
+// watched, recording alone again and on out-of-memory only, then in paired
+// chunks. It reports the ratios to recording alone and the worst stall;
+// the whole JSON is logged. One iteration takes about two minutes:
+//
+//	go test ./live -run '^$' -bench PythonWatchOverhead -benchtime 1x -v
+func BenchmarkPythonWatchOverhead(b *testing.B) {
+	py, err := exec.LookPath("python3")
+	if err != nil {
+		b.Skip("no python3")
+	}
+	db := testkit.OpenDB(b)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	defer srv.Close()
+	steps, us := os.Getenv("VRAMSCOPE_BENCH_STEPS"), os.Getenv("VRAMSCOPE_BENCH_US_PER_ENTRY")
+	if steps == "" {
+		steps = "1000"
+	}
+	if us == "" {
+		us = "2.9"
+	}
+	for range b.N {
+		out, err := exec.Command(py, "testdata/bench_watch.py", "--url", srv.URL, "--steps", steps, "--us-per-entry", us).Output()
+		if err != nil {
+			b.Fatalf("%v\n%s", err, out)
+		}
+		b.Logf("%s", out)
+		var r struct {
+			RatioWatched float64 `json:"ratio_watched"`
+			RatioOnOOM   float64 `json:"ratio_on_oom"`
+			Watched      struct {
+				Stall float64 `json:"worst_stall_ms"`
+				Sent  float64 `json:"entries_sent"`
+				Made  float64 `json:"entries_made"`
+			} `json:"watched"`
+			Paired struct {
+				Ratio  float64 `json:"ratio"`
+				Median float64 `json:"median_pair_ratio"`
+				Stall  float64 `json:"worst_stall_ms"`
+			} `json:"paired"`
+		}
+		if err := json.Unmarshal(out, &r); err != nil {
+			b.Fatal(fmt.Errorf("%v: %s", err, out))
+		}
+		b.ReportMetric(r.RatioWatched, "watched/recording")
+		b.ReportMetric(r.Paired.Ratio, "paired-watched/recording")
+		b.ReportMetric(r.Paired.Median, "median-pair-ratio")
+		b.ReportMetric(r.RatioOnOOM, "on-oom/recording")
+		b.ReportMetric(r.Watched.Stall, "worst-stall-ms")
+		b.ReportMetric(r.Watched.Sent/r.Watched.Made, "entries-read/made")
+	}
+}

@@ -1,0 +1,57 @@
+package live_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// pip install of live/python (offline, without build isolation: the
+// build backend is the machine's setuptools and wheel) installs the one
+// module the server serves, and its command.
+func TestPythonPackageInstalls(t *testing.T) {
+	py := ""
+	for _, p := range []string{"python3", "/usr/bin/python3"} {
+		if exec.Command(p, "-c", "import venv, ensurepip, setuptools, wheel").Run() == nil {
+			py = p
+			break
+		}
+	}
+	if py == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("a python3 with venv, pip, setuptools and wheel is needed")
+		}
+		t.Skip("no python3 with venv, pip, setuptools and wheel")
+	}
+	// A copy: pip builds in the folder it is given.
+	src := filepath.Join(t.TempDir(), "python")
+	os.Mkdir(src, 0o755)
+	for _, f := range []string{"pyproject.toml", "vramscope_watch.py"} {
+		b, err := os.ReadFile(filepath.Join("python", f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		os.WriteFile(filepath.Join(src, f), b, 0o644)
+	}
+	venv := filepath.Join(t.TempDir(), "venv")
+	run := func(name string, args ...string) string {
+		out, err := exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+		}
+		return string(out)
+	}
+	run(py, "-m", "venv", "--system-site-packages", venv)
+	run(filepath.Join(venv, "bin", "pip"), "install", "--no-build-isolation", "--no-index", src)
+	where := run(filepath.Join(venv, "bin", "python"), "-c", "import vramscope_watch; print(vramscope_watch.__file__)")
+	installed, _ := os.ReadFile(strings.TrimSpace(where))
+	served, _ := os.ReadFile("python/vramscope_watch.py")
+	if string(installed) != string(served) {
+		t.Fatalf("installed %s is not the served module", where)
+	}
+	if out := run(filepath.Join(venv, "bin", "vramscope-watch"), "--help"); !strings.Contains(out, "--on-oom") {
+		t.Fatalf("vramscope-watch --help:\n%s", out)
+	}
+}
