@@ -159,7 +159,7 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	}
 	fitsAt := func(k int) (bool, error) { // k steps
 		s, _ := m.Stream(k * step)
-		return fits(s, cfg, capacity)
+		return s.Fits(cfg, capacity)
 	}
 	ok, err := fitsAt(1)
 	if err != nil || !ok {
@@ -195,31 +195,6 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 		}
 	}
 	return lo * step, nil
-}
-
-// fits replays s under cfg on a device of capacity bytes until its first
-// OOM, and says whether there was none.
-func fits(s replay.Stream, cfg caching.Config, capacity uint64) (bool, error) {
-	a, err := caching.New(s.Device(capacity), cfg)
-	if err != nil {
-		return false, err
-	}
-	p, err := s.Start(a)
-	if errors.Is(err, gpu.ErrOutOfMemory) {
-		return false, nil
-	}
-	if err != nil {
-		return false, err
-	}
-	for i := range s.Requests {
-		if err := p.Step(i, s.Requests[i]); err != nil {
-			return false, err
-		}
-		if len(p.OOMs()) > 0 {
-			return false, nil
-		}
-	}
-	return true, nil
 }
 
 // Check is a recording the fit did not use, predicted from it and as it

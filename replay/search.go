@@ -140,7 +140,14 @@ func ceilDiv(n, d uint64) uint64 { return (n + d - 1) / d }
 // there was none.
 func (s *Stream) fits(cfg caching.Config, limit uint64) (bool, error) {
 	cfg.Limit = limit
-	a, err := caching.New(s.Device(max(limit, s.Capacity.Bytes)), cfg)
+	return s.Fits(cfg, max(limit, s.Capacity.Bytes))
+}
+
+// Fits replays s under cfg on s.Device(capacity) until the first OOM, and
+// says whether there was none (a starting layout that does not fit is
+// one).
+func (s *Stream) Fits(cfg caching.Config, capacity uint64) (bool, error) {
+	a, err := caching.New(s.Device(capacity), cfg)
 	if err != nil {
 		return false, err
 	}

@@ -62,20 +62,30 @@ func (s *Server) apiCompare(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, res)
 }
 
-// pageCompare is the comparison page: a frame that compare.js fills.
-func (s *Server) pageCompare(w http.ResponseWriter, r *http.Request) {
+// tracePair reads the traces {a} and {b} of a page's URL; false when one
+// is missing or unreadable, which it has answered.
+func (s *Server) tracePair(w http.ResponseWriter, r *http.Request) ([2]gpu.Trace, bool) {
 	var ts [2]gpu.Trace
 	for i, k := range []string{"a", "b"} {
 		t, err := s.opt.DB.Trace(chi.URLParam(r, k))
 		if errors.Is(err, store.ErrNotFound) {
 			render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), "There is no trace "+chi.URLParam(r, k)+"."))
-			return
+			return ts, false
 		}
 		if err != nil {
 			s.storeError(w, r, err)
-			return
+			return ts, false
 		}
 		ts[i] = t
+	}
+	return ts, true
+}
+
+// pageCompare is the comparison page: a frame that compare.js fills.
+func (s *Server) pageCompare(w http.ResponseWriter, r *http.Request) {
+	ts, ok := s.tracePair(w, r)
+	if !ok {
+		return
 	}
 	render(w, r, http.StatusOK, web.CompareView(page(ts[0].Title()+" vs "+ts[1].Title()), ts[0], ts[1]))
 }

@@ -17,7 +17,6 @@ import (
 	"vramscope/incident"
 	"vramscope/predict"
 	"vramscope/replay"
-	"vramscope/store"
 	"vramscope/web"
 )
 
@@ -193,18 +192,9 @@ func (s *Server) apiPredict(w http.ResponseWriter, r *http.Request) {
 // pagePredict is the Predict page of two traces: the compare page's form
 // and, once asked, the predictions.
 func (s *Server) pagePredict(w http.ResponseWriter, r *http.Request) {
-	var ts [2]gpu.Trace
-	for i, k := range []string{"a", "b"} {
-		t, err := s.opt.DB.Trace(chi.URLParam(r, k))
-		if errors.Is(err, store.ErrNotFound) {
-			render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), "There is no trace "+chi.URLParam(r, k)+"."))
-			return
-		}
-		if err != nil {
-			s.storeError(w, r, err)
-			return
-		}
-		ts[i] = t
+	ts, ok := s.tracePair(w, r)
+	if !ok {
+		return
 	}
 	q, o, err := predictQuery(r)
 	v := web.PredictState{A: ts[0], B: ts[1], Query: q}
