@@ -73,10 +73,9 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 				ev.capacity = Capacity{Bytes: tot.Reserved + e.DeviceFree, Source: CapacityOOM, OOMSeq: e.Seq}
 			}
 			// The allocator asks a per-process limit for the whole
-			// segment (alloc_size), mapped pages or not: a device with
-			// that much free did not refuse, the limit did.
-			// Expandable segments ask the device for whole pages, which
-			// can be more.
+			// segment (alloc_size), and the device for that or, with
+			// expandable segments, for whole pages: a device with that
+			// much free did not refuse, a limit did.
 			need := gpu.AllocationSize(e.Size)
 			device := need
 			if ctx.rules.Expandable {
