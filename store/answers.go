@@ -56,8 +56,9 @@ type LayoutColumns struct {
 }
 
 // MarkPools names the private pool of each segment of c that a snapshot
-// put in one: the segment the snapshot dumped at its address, if it is
-// the same size (a private pool's segments are never resized or split).
+// put in one (segs: its private pools' segments): the segment the
+// snapshot dumped at its address, if it is the same size (a private
+// pool's segments are never resized or split).
 func (c *LayoutColumns) MarkPools(segs []gpu.SnapshotSegment) {
 	if len(segs) == 0 {
 		return
@@ -68,9 +69,7 @@ func (c *LayoutColumns) MarkPools(segs []gpu.SnapshotSegment) {
 	}
 	private := map[uint64]seg{}
 	for _, s := range segs {
-		if s.PoolID != ([2]int64{}) {
-			private[s.Segment.Addr] = seg{s.Segment.Size, s.PoolID}
-		}
+		private[s.Segment.Addr] = seg{s.Segment.Size, s.PoolID}
 	}
 	for i := 0; i < len(c.Segments); i += SegmentColumns {
 		addr, size := uint64(c.Segments[i]), uint64(c.Segments[i+1])

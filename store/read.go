@@ -461,14 +461,12 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 	}
 	// The private pools of an upload's segments, which a replay routes
 	// its requests to.
-	segs, err := db.SnapshotSegments(id)
+	segs, err := db.PrivatePoolSegments(id)
 	for _, s := range segs {
-		if s.PoolID != ([2]int64{}) {
-			if rec.Pools == nil {
-				rec.Pools = map[uint64][2]int64{}
-			}
-			rec.Pools[s.Segment.Addr] = s.PoolID
+		if rec.Pools == nil {
+			rec.Pools = map[uint64][2]int64{}
 		}
+		rec.Pools[s.Segment.Addr] = s.PoolID
 	}
 	return rec, err
 }

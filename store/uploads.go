@@ -382,11 +382,24 @@ func (db *DB) EventExtra(id string, seq int64) (x gpu.EventExtra, ok bool, err e
 // SnapshotSegments returns a snapshot's segments as the file wrote them,
 // in file order; none for a trace that is not from a snapshot.
 func (db *DB) SnapshotSegments(id string) ([]gpu.SnapshotSegment, error) {
+	return db.snapshotSegments(id, "")
+}
+
+// PrivatePoolSegments returns those of a snapshot's segments that sit in
+// a private pool (a CUDA graph's, a MemPool's), in file order: what the
+// segment map and a replay need, without decoding the others.
+func (db *DB) PrivatePoolSegments(id string) ([]gpu.SnapshotSegment, error) {
+	return db.snapshotSegments(id, " AND (pool_owner <> 0 OR pool_id <> 0)")
+}
+
+// snapshotSegments reads a snapshot's segments that the condition where
+// (appended to the query) selects.
+func (db *DB) snapshotSegments(id, where string) ([]gpu.SnapshotSegment, error) {
 	tid, t, err := lookup(db.r, id)
 	if err != nil {
 		return nil, err
 	}
-	rows, err := db.r.Query("SELECT n, pool_owner, pool_id, stack, layout, form, block_forms FROM snapshot_segments WHERE tid = ? ORDER BY n", tid)
+	rows, err := db.r.Query("SELECT n, pool_owner, pool_id, stack, layout, form, block_forms FROM snapshot_segments WHERE tid = ?"+where+" ORDER BY n", tid)
 	if err != nil {
 		return nil, err
 	}
