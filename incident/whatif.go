@@ -124,14 +124,10 @@ func oomList(ooms []OOMAt) string {
 	for _, o := range ooms {
 		at = append(at, fmt.Sprint(o.Index))
 	}
-	return plural(len(ooms), "request ", "requests ") + strings.Join(at, ", ")
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
+	if len(ooms) == 1 {
+		return "request " + at[0]
 	}
-	return many
+	return "requests " + strings.Join(at, ", ")
 }
 
 // WhatIfs replays s on a simulated device of s.Capacity.Bytes under its
