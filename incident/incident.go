@@ -9,6 +9,7 @@ import (
 	"sort"
 
 	"vramscope/gpu"
+	"vramscope/replay"
 )
 
 // Report is one OOM, explained from the layout at that moment.
@@ -88,9 +89,7 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 	}
 	r.Figures = l.Figures()
 	r.NotAllocated = r.DeviceFree + r.CachedFree
-	// A limit asks for the whole segment (alloc_size); a device with the
-	// pages free did not refuse it (see replay's inferLimit).
-	if ask := gpu.AllocationSize(oom.Size); r.DeviceFree >= max(ask, r.SegmentSize) {
+	if ask, ok := replay.LimitRefused(oom, l.Rules.Expandable); ok {
 		r.LimitUnder = r.Reserved + ask
 		r.NotAllocated = r.CachedFree
 	}

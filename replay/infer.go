@@ -72,20 +72,7 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 			if ev.capacity.Source == CapacityUnknown {
 				ev.capacity = Capacity{Bytes: tot.Reserved + e.DeviceFree, Source: CapacityOOM, OOMSeq: e.Seq}
 			}
-			// The allocator asks a per-process limit for the whole
-			// segment (alloc_size), and the device for that or, with
-			// expandable segments, for whole pages: a device with that
-			// much free did not refuse, a limit did.
-			need := gpu.AllocationSize(e.Size)
-			device := need
-			if ctx.rules.Expandable {
-				page := uint64(gpu.LargeBuffer)
-				if gpu.PoolFor(e.Size) == gpu.PoolSmall {
-					page = gpu.SmallBuffer
-				}
-				device = max(need, (e.Size+page-1)/page*page)
-			}
-			if e.DeviceFree >= device && ctx.limit == 0 {
+			if need, ok := LimitRefused(*e, ctx.rules.Expandable); ok && ctx.limit == 0 {
 				limits = append(limits, Limit{High: tot.Reserved + need - 1, HighSeq: e.Seq, Asked: need, Reserved: tot.Reserved, DeviceFree: e.DeviceFree})
 			}
 		case released(e.Action) && (i == 0 || !released(events[i-1].Action)):
@@ -169,6 +156,24 @@ func inferRuns(initial *gpu.Layout, events []gpu.Event, ctx runContext) evidence
 		ev.capacity = Capacity{PeakReserved: peak}
 	}
 	return ev
+}
+
+// LimitRefused reports whether the oom event e was a per-process limit's
+// refusal, not the device's: the allocator asks a limit for the whole
+// segment (alloc_size, returned as ask), and the device for that or, with
+// expandable segments, for whole pages; a device with that much free did
+// not refuse.
+func LimitRefused(e gpu.Event, expandable bool) (ask uint64, ok bool) {
+	ask = gpu.AllocationSize(e.Size)
+	device := ask
+	if expandable {
+		page := uint64(gpu.LargeBuffer)
+		if gpu.PoolFor(e.Size) == gpu.PoolSmall {
+			page = gpu.SmallBuffer
+		}
+		device = max(ask, (e.Size+page-1)/page*page)
+	}
+	return ask, e.DeviceFree >= device
 }
 
 // retry is a free-and-retry path: the driver (or a limit) refused a
