@@ -74,6 +74,9 @@ type Table struct {
 	// (nil when none): every row replays under it, and memory needed is
 	// that limit's smallest value that works.
 	Limit *replay.Limit `json:"limit,omitempty"`
+	// LimitFrom says the limit and the evidence for it (replay.Limit's
+	// String); empty without one.
+	LimitFrom string `json:"limit_from,omitempty"`
 	// OOMs are the original OOMs: the recorded ones, else (an RMM log)
 	// those of the replay under the original settings.
 	OOMs []OOMAt  `json:"original_ooms"`
@@ -99,7 +102,7 @@ func answer(s replay.Stream, onOriginal func(WhatIf)) (Table, error) {
 	}
 	t := Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), Requests: len(s.Requests), OOMs: ooms, Rows: rows}
 	if s.Limit.Bytes > 0 {
-		t.Limit = &s.Limit
+		t.Limit, t.LimitFrom = &s.Limit, s.Limit.String()
 	}
 	t.Contradiction = contradiction(ooms, rows[0])
 	return t, nil

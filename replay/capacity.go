@@ -141,7 +141,7 @@ func (l Limit) String() string {
 		at = fmt.Sprintf(" (event %d)", l.LowSeq)
 	}
 	s := fmt.Sprintf("a per-process limit of %s, inferred: the recording reserved %s%s, so the limit was at least that; "+
-		"the OOM at event %d asked for a %s segment with %s reserved while the device had %s free, so the limit was under %s",
+		"the OOM at event %d asked for a %s segment with %s reserved while the device itself had %s free, so the limit was under %s",
 		gpu.FormatBytes(l.Bytes), gpu.FormatBytes(l.Low), at, l.HighSeq, gpu.FormatBytes(l.Asked),
 		gpu.FormatBytes(l.Reserved), gpu.FormatBytes(l.DeviceFree), gpu.FormatBytes(l.Reserved+l.Asked))
 	if l.Retries > 0 {

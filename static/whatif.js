@@ -15,20 +15,13 @@ export async function loadWhatIf(url, status) {
     if (w.status === "done") {
       let says = `${w.requests} requests replayed on a simulated ${fmtBytes(w.capacity_bytes)} device (capacity ${w.capacity_from}).`;
       // A limit the snapshot does not record, and why it is believed.
-      if (w.limit) says += ` Under ${limitText(w.limit)}.`;
+      if (w.limit_from) says += ` Under ${w.limit_from}.`;
       if (w.contradiction) says += " " + w.contradiction;
       status.textContent = says;
       return w;
     }
     status.textContent = "Replaying the trace under each setting… (still running)";
   }
-}
-
-/** The per-process limit a recording implies, with its evidence. */
-function limitText(l) {
-  const at = l.low_seq >= 0 ? ` (event ${l.low_seq})` : "";
-  return `a per-process limit of ${fmtBytes(l.bytes)}, inferred: the recording reserved ${fmtBytes(l.low)}${at}, so the limit was at least that; ` +
-    `the OOM at event ${l.high_seq} asked for ${fmtBytes(l.asked)} with ${fmtBytes(l.reserved)} reserved while the device itself had ${fmtBytes(l.device_free)} free`;
 }
 
 /** "12.34 GiB", and why the replay failed when it did. */
