@@ -6,8 +6,6 @@ import (
 	"database/sql"
 	"errors"
 	"fmt"
-	"runtime"
-	"sync"
 	"time"
 
 	"vramscope/gpu"
@@ -217,31 +215,6 @@ func dropEmptyRun(tx *sql.Tx, run string) error {
 	}
 	_, err := tx.Exec("DELETE FROM runs WHERE id = ? AND NOT EXISTS (SELECT 1 FROM uploads WHERE run = ?)", run, run)
 	return err
-}
-
-// Usages is UsageOf several traces over one window, read on every core:
-// the rows of a run's heatmap. The buckets of traces asked for the same
-// window line up.
-func (db *DB) Usages(ids []string, t0, t1 int64, n int, s Series) ([]Usage, error) {
-	out := make([]Usage, len(ids))
-	errs := make([]error, len(ids))
-	next := make(chan int)
-	var wg sync.WaitGroup
-	for range min(runtime.NumCPU(), len(ids)) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range next {
-				out[i], errs[i] = db.UsageOf(ids[i], t0, t1, n, s)
-			}
-		}()
-	}
-	for i := range ids {
-		next <- i
-	}
-	close(next)
-	wg.Wait()
-	return out, errors.Join(errs...)
 }
 
 // Heatmap is a run's memory over one window, as its page draws it: a row

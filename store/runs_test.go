@@ -225,22 +225,33 @@ func testUsagesOfARun(t *testing.T) {
 		ids = append(ids, tr.ID)
 		t0, t1 = min(t0, tr.FirstUS), max(t1, tr.LastUS)
 	}
-	got, err := db.Usages(ids, t0, t1, 30, SeriesAllocated)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i, id := range ids {
-		want, err := db.Usage(id, t0, t1, 30)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if got[i].BucketUS != want.BucketUS || len(got[i].Buckets) != len(want.Buckets) {
-			t.Fatalf("trace %d: %d buckets of %d µs, want %d of %d", i, len(got[i].Buckets), got[i].BucketUS, len(want.Buckets), want.BucketUS)
-		}
-		for j, b := range got[i].Buckets {
-			w := want.Buckets[j]
-			if b.StartUS != w.StartUS || b.Events != w.Events || b.Allocated != w.Allocated || b.Reserved != (Range{}) || b.Active != (Range{}) {
-				t.Fatalf("trace %d bucket %d: %+v, want allocated of %+v", i, j, b, w)
+	// Whole and part windows, coarse and fine buckets (fine ones decode
+	// the chunks around empty buckets), in one batch and in batches of 2.
+	defer func(n int) { inBatch = n }(inBatch)
+	mid := (t0 + t1) / 2
+	for _, batch := range []int{inBatch, 2} {
+		inBatch = batch
+		for _, w := range []struct{ t0, t1 int64 }{{t0, t1}, {mid, t1}, {mid - 200, mid + 300}, {t1 + 10, t1 + 50}} {
+			for _, n := range []int{30, 3000} {
+				got, err := db.Usages(ids, w.t0, w.t1, n, SeriesAllocated)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i, id := range ids {
+					want, err := db.Usage(id, w.t0, w.t1, n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if got[i].BucketUS != want.BucketUS || len(got[i].Buckets) != len(want.Buckets) {
+						t.Fatalf("trace %d: %d buckets of %d µs, want %d of %d", i, len(got[i].Buckets), got[i].BucketUS, len(want.Buckets), want.BucketUS)
+					}
+					for j, b := range got[i].Buckets {
+						w := want.Buckets[j]
+						if b.StartUS != w.StartUS || b.Events != w.Events || b.Allocated != w.Allocated || b.Reserved != (Range{}) || b.Active != (Range{}) {
+							t.Fatalf("trace %d bucket %d: %+v, want allocated of %+v", i, j, b, w)
+						}
+					}
+				}
 			}
 		}
 	}
