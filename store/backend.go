@@ -1,6 +1,9 @@
 package store
 
-import "database/sql"
+import (
+	"database/sql"
+	"time"
+)
 
 // backend is what differs between the databases the store keeps its rows
 // in: SQLite (one file, one process writing) and PostgreSQL (one database
@@ -22,6 +25,9 @@ type backend interface {
 	// notify tells every handle of the database, after tx commits, that
 	// trace ch.ID changed.
 	notify(tx *sql.Tx, ch TraceChange) error
+	// clock is the time that judges leases. Servers sharing a database
+	// judge each other's by one clock, the database's, not their own.
+	clock(q querier) (time.Time, error)
 	// skipLocked ends a SELECT that takes one row of a queue, skipping the
 	// rows other transactions have taken.
 	skipLocked() string

@@ -27,7 +27,10 @@ func (db *DB) TakeJob(key, traceID string, lease time.Duration) (Job, error) {
 	j := Job{Key: key, TraceID: traceID}
 	err := db.write(func(tx *sql.Tx) error {
 		j.Done, j.Mine, j.Partial, j.Result = false, false, nil, nil
-		now := time.Now()
+		now, err := db.be.clock(tx)
+		if err != nil {
+			return err
+		}
 		res, err := tx.Exec(`INSERT INTO jobs (key, trace_id, state, owner, lease_us, takes, created_us) VALUES (?,?,'running',?,?,1,?)
 			ON CONFLICT (key) DO NOTHING`, key, traceID, db.owner, now.Add(lease).UnixMicro(), now.UnixMicro())
 		if err != nil {
@@ -64,8 +67,11 @@ func (db *DB) TakeOrphanJob(lease time.Duration) (Job, bool, error) {
 	found := false
 	err := db.write(func(tx *sql.Tx) error {
 		found = false
-		now := time.Now()
-		err := tx.QueryRow("SELECT key, trace_id FROM jobs WHERE state = 'running' AND lease_us < ? ORDER BY created_us LIMIT 1"+db.be.skipLocked(),
+		now, err := db.be.clock(tx)
+		if err != nil {
+			return err
+		}
+		err = tx.QueryRow("SELECT key, trace_id FROM jobs WHERE state = 'running' AND lease_us < ? ORDER BY created_us LIMIT 1"+db.be.skipLocked(),
 			now.UnixMicro()).Scan(&j.Key, &j.TraceID)
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
@@ -87,23 +93,32 @@ var errJobLost = errors.New("the job was taken over by another process (its leas
 // ownJob runs an update of job key that holds only while this process
 // owns it.
 func (db *DB) ownJob(q string, args ...any) error {
-	return db.write(func(tx *sql.Tx) error {
-		res, err := tx.Exec(q, args...)
-		if err != nil {
-			return err
-		}
-		if n, err := res.RowsAffected(); err != nil || n == 0 {
-			return errors.Join(err, errJobLost)
-		}
-		return nil
-	})
+	return db.write(func(tx *sql.Tx) error { return owned(tx.Exec(q, args...)) })
+}
+
+// owned is errJobLost where an update of a job this process owned
+// changed nothing.
+func owned(res sql.Result, err error) error {
+	if err != nil {
+		return err
+	}
+	if n, err := res.RowsAffected(); err != nil || n == 0 {
+		return errors.Join(err, errJobLost)
+	}
+	return nil
 }
 
 // RenewJob extends this process's lease on job key; an error when it lost
 // the job.
 func (db *DB) RenewJob(key string, lease time.Duration) error {
-	return db.ownJob("UPDATE jobs SET lease_us = ? WHERE key = ? AND owner = ? AND state = 'running'",
-		time.Now().Add(lease).UnixMicro(), key, db.owner)
+	return db.write(func(tx *sql.Tx) error {
+		now, err := db.be.clock(tx)
+		if err != nil {
+			return err
+		}
+		return owned(tx.Exec("UPDATE jobs SET lease_us = ? WHERE key = ? AND owner = ? AND state = 'running'",
+			now.Add(lease).UnixMicro(), key, db.owner))
+	})
 }
 
 // JobPartial stores what job key has answered so far, for those waiting

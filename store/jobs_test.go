@@ -4,6 +4,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"vramscope/internal/pgtest"
 )
 
 // A job is taken by one of two handles asking at once, waited for by the
@@ -98,5 +100,44 @@ func testJobs(t *testing.T) {
 	}
 	if j, _ := b.TakeJob("whatif/z/1", "z", time.Minute); !j.Mine || j.Takes != 1 {
 		t.Fatalf("a dropped job: %+v", j)
+	}
+}
+
+// Servers sharing PostgreSQL judge job leases by the database's clock: a
+// server whose own clock runs an hour ahead neither takes over a job
+// whose lease has not run out nor gives its own a lease that has.
+func TestJobLeasesOnTheDatabaseClock(t *testing.T) {
+	addr := pgtest.Addr(t)
+	a, err := Open(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := Open(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	defer func(c func() time.Time) { machineClock = c }(machineClock)
+	machineClock = func() time.Time { return time.Now().Add(time.Hour) }
+
+	if j, err := a.TakeJob("whatif/s/1", "s", time.Minute); err != nil || !j.Mine {
+		t.Fatalf("first take: %+v, %v", j, err)
+	}
+	if j, err := b.TakeJob("whatif/s/1", "s", time.Minute); err != nil || j.Mine {
+		t.Fatalf("a server an hour ahead took a running job: %+v, %v", j, err)
+	}
+	if j, ok, err := b.TakeOrphanJob(time.Minute); err != nil || ok {
+		t.Fatalf("a server an hour ahead found an orphan: %+v, %v", j, err)
+	}
+	if err := a.RenewJob("whatif/s/1", time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	var lease int64
+	if err := a.r.QueryRow("SELECT lease_us - CAST(extract(epoch from clock_timestamp()) * 1000000 AS bigint) FROM jobs").Scan(&lease); err != nil {
+		t.Fatal(err)
+	}
+	if lease < 50e6 || lease > 60e6 {
+		t.Fatalf("the lease runs out in %d µs by the database's clock, want about a minute", lease)
 	}
 }

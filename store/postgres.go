@@ -396,6 +396,13 @@ func (b *pgBackend) notify(tx *sql.Tx, ch TraceChange) error {
 	return err
 }
 
+// clock: the database server's, as the sessions' leases are.
+func (b *pgBackend) clock(q querier) (time.Time, error) {
+	var t time.Time
+	err := q.QueryRow("SELECT clock_timestamp()").Scan(&t)
+	return t, err
+}
+
 func (b *pgBackend) skipLocked() string { return " FOR UPDATE SKIP LOCKED" }
 
 // Rows are picked by their primary key; PostgreSQL needs no small batches

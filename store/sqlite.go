@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"syscall"
+	"time"
 
 	"github.com/mattn/go-sqlite3" // registers the "sqlite3" driver
 
@@ -128,6 +129,12 @@ func (b *sqliteBackend) alive(pid int64) bool {
 func (b *sqliteBackend) notify(*sql.Tx, TraceChange) error { return nil }
 
 // One writer: a row read by it is taken.
+// clock: the one machine's (SQLite files are not shared between machines).
+func (b *sqliteBackend) clock(querier) (time.Time, error) { return machineClock(), nil }
+
+// machineClock is this machine's clock (a variable: tests set it wrong).
+var machineClock = time.Now
+
 func (b *sqliteBackend) skipLocked() string { return "" }
 
 func (b *sqliteBackend) deleteKey(table string) string {
