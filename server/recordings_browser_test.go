@@ -72,6 +72,11 @@ func TestBrowserNoStackNamed(t *testing.T) {
 		}
 	}
 	screenshot(t, ctx, dir, "nostack-selected")
+	// Its tip on the timeline says where it was made too.
+	within(t, ctx, "its tip", chromedp.Evaluate[bool](fmt.Sprintf(`(vramscope.showTip(document.getElementById("timeline-tip"),
+		{band: {size: 1 << 20, requested_size: 1 << 20, seq: %d, address: 0, stack: 0}}, 40, 40), true)`, sel)))
+	waitFor(t, ctx, "the tip names it", `document.getElementById("timeline-tip").textContent.includes("backward (autograd thread) · no stack")`)
+	screenshot(t, ctx, dir, "nostack-tip")
 
 	// The page opens on the steps, not on the seconds of loading before
 	// them; the phases' strip has a legend; steps' labels fit their steps.

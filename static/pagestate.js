@@ -20,7 +20,7 @@ import { el, queryNum, fmtTime, initTheme, palette } from "./common.js";
 import { FrameScheduler, Samples } from "./frames.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
-import { showHitTip, stackLoader } from "./tips.js";
+import { madeLoader, showHitTip, stackLoader } from "./tips.js";
 
 const MIN_SPAN = 10; // µs
 
@@ -89,6 +89,7 @@ export class PageState extends EventTarget {
     this.frames = new FrameScheduler(() => this.frame());
     this.pal = palette();
     this.stackOf = stackLoader(this.id);
+    this.madeOf = madeLoader(this.id);
 
     this.errBox = el("p", { class: "error", role: "alert", hidden: true });
     root.prepend(this.errBox);

@@ -71,15 +71,39 @@ export function hideTip(tip) {
   tip.hidden = true;
 }
 
-/** Shows rows in tip at (x, y) within its parent, then stack sid's label and first frames. */
-export function placeTip(tip, rows, x, y, stackOf, sid, all) {
+/**
+ * madeLoader(traceId) returns made(seq): a promise of where allocation seq,
+ * one without frames, was made ("backward (autograd thread)", a region…),
+ * or "", each asked for once.
+ */
+export function madeLoader(traceId) {
+  const cache = new Map();
+  return (seq) => {
+    if (!cache.has(seq)) {
+      cache.set(seq, api(`/api/traces/${traceId}/allocations/${seq}`).then((a) => a.verdict.made || "", () => ""));
+    }
+    return cache.get(seq);
+  };
+}
+
+/**
+ * Shows rows in tip at (x, y) within its parent, then stack sid's label and
+ * first frames; without a stack, where the allocation was made (made, a
+ * promise of it, when given).
+ */
+export function placeTip(tip, rows, x, y, stackOf, sid, all, made) {
   const token = ++tipToken;
   tip.replaceChildren(...rows);
   const wrap = tip.parentElement.getBoundingClientRect();
   tip.style.left = Math.max(0, Math.min(x + 14, wrap.width - 280)) + "px";
   tip.style.top = y + 14 + "px";
   tip.hidden = false;
-  if (!sid) return;
+  if (!sid) {
+    made?.then((m) => {
+      if (token === tipToken && m) tip.append(el("div", { class: "label" }, m + " · no stack"));
+    });
+    return;
+  }
   stackOf(sid).then((st) => {
     if (token !== tipToken || !st.frames.length) return;
     if (st.label) tip.append(el("div", { class: "label" }, st.label));
@@ -99,24 +123,24 @@ const STATES = ["cached free", "allocated", "pending free"];
 export function showHitTip(view, tip, h, x, y) {
   if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
   const rows = [];
-  let sid = 0;
+  let sid = 0, seq = -1;
   if (h.band) {
     const b = h.band;
     rows.push(el("strong", {}, fmtBytes(b.size)), el("br"), "requested " + fmtBytes(b.requested_size), el("br"),
       (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.address));
-    sid = b.stack;
+    sid = b.stack, seq = b.seq;
   } else if (h.block) {
     const b = h.block;
     rows.push(el("strong", {}, fmtBytes(b.size)), " " + STATES[b.state], el("br"));
     if (b.state !== 0) {
       if (view.pinned.has(b.segment)) rows.push("pins its segment: it cannot be released", el("br"));
       rows.push("requested " + fmtBytes(b.requested), el("br"), (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.addr));
-      sid = b.stack;
+      sid = b.stack, seq = b.seq;
     } else rows.push("at " + fmtAddr(b.addr));
   } else {
     rows.push(el("strong", {}, "up to " + fmtBytes(h.small) + " allocated here"), el("br"),
       "in allocations under a pixel tall (or shorter than a column) at this zoom:", el("br"),
       "zoom in (W, or shift-drag a rectangle) to see them");
   }
-  placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames);
+  placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames, !sid && seq >= 0 ? view.madeOf(seq) : null);
 }
