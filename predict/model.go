@@ -132,7 +132,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 			return nil, err
 		}
 	}
-	m := &Model{Dim: d, Requests: len(base.reqs), base: recs[0].Stream, reqs: base.reqs,
+	m := &Model{Dim: d, Requests: len(base.reqs), base: recs[0].Stream.Unplaced(), reqs: base.reqs,
 		coef: make([][3]int64, len(base.reqs)), kind: make([]uint8, len(base.reqs))}
 	m.base.Initial, m.base.Requests, m.base.Annotations = nil, nil, nil
 	for _, r := range recs {

@@ -3,6 +3,7 @@ package replay
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,10 +28,14 @@ for op in ns["frag_ops"]():
 
 // TestFragStreamNeeded: the whole fragmenting stream of the 2.11
 // recordings, replayed under per-process limits as the real allocator was
-// bisected on an H200, needs what the real one needed with expandable
-// segments (PROVENANCE.md: fails at 3,613,392,896 B, runs at
-// 3,615,490,048 B, fails at 3,617,587,200 B, runs from 3,619,684,352 B
-// up), the non-monotone edge included.
+// bisected on an H200, needs what the real one needed: with the default
+// settings it runs or fails under each limit the bisection tried as the
+// real one did (frag_default.json's probes) and needs 5,299,503,104 B;
+// with expandable segments (PROVENANCE.md) it fails at 3,613,392,896 B,
+// runs at 3,615,490,048 B, fails at 3,617,587,200 B and runs from
+// 3,619,684,352 B up, the non-monotone edge included. The default figure
+// rests on where the driver puts segments (sim.driverFit): placed first
+// fit, bottom up, the stream needs 5,513,412,608 B.
 func TestFragStreamNeeded(t *testing.T) {
 	script := filepath.Join(realDir(t, "pytorch-2.11"), "record.py")
 	out, err := exec.Command("python3", "-c", fragOpsScript, script).Output()
@@ -58,6 +63,34 @@ func TestFragStreamNeeded(t *testing.T) {
 	}
 	const h200 = 150109880320
 	s := Stream{Requests: reqs, Capacity: Capacity{Bytes: h200, Source: CapacityGiven}}
+
+	var truth struct {
+		Bisect struct{ Needed uint64 }
+		Probes []struct {
+			Limit uint64
+			OK    bool
+		}
+	}
+	data, err := os.ReadFile(filepath.Join(realDir(t, "pytorch-2.11"), "frag_default.json"))
+	if err == nil {
+		err = json.Unmarshal(data, &truth)
+	}
+	if err != nil || len(truth.Probes) == 0 {
+		t.Fatalf("frag_default.json: %v", err)
+	}
+	def, err := s.Config("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range truth.Probes {
+		if ok, err := s.fits(def, p.Limit); err != nil || ok != p.OK {
+			t.Errorf("default settings under %d B: runs %v (%v), the real allocator %v", p.Limit, ok, err, p.OK)
+		}
+	}
+	if n, err := s.CapacityNeeded(def, Result{}, 0); err != nil || n.Steady != truth.Bisect.Needed || n.Lowest != n.Steady {
+		t.Errorf("default settings: needed %+v (%v), the real allocator %d", n, err, truth.Bisect.Needed)
+	}
+
 	cfg, err := s.Config("expandable_segments:True")
 	if err != nil {
 		t.Fatal(err)

@@ -223,6 +223,14 @@ func recordedAddresses(initial *gpu.Layout, events []gpu.Event) addresses {
 	return ad
 }
 
+// Unplaced is s with no driver addresses: a new run of its requests,
+// whose segments the device places as the driver does rather than where
+// the recording's were (a prediction at another size is such a run).
+func (s Stream) Unplaced() Stream {
+	s.addr = addresses{}
+	return s
+}
+
 // Device returns a simulated device of capacity bytes that hands out the
 // stream's recorded addresses (sim.Recorded), or its own when the
 // recording has none (an RMM log).

@@ -190,7 +190,7 @@ func TestFitSeqJSON(t *testing.T) {
 		t.Fatalf("%+v", res)
 	}
 	if len(res.Predictions[0].WhatIf) != 6 || res.Predictions[0].WhatIf[0].AllocConf != "expandable_segments:True" || res.Predictions[0].WhatIf[0].CapacityNeeded == 0 {
-		t.Errorf("what-if: %+v", res.Predictions[0].WhatIf)
+		t.Errorf("what-if: %+v\n%s", res.Predictions[0].WhatIf, out)
 	}
 	if res.Largest == nil || *res.Largest < 1024 || *res.Largest%128 != 0 || len(res.LargestWhatIf) != 6 {
 		t.Errorf("largest sequence length on 4 GiB: %v, with other settings %+v", res.Largest, res.LargestWhatIf)

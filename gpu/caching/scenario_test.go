@@ -231,19 +231,21 @@ func TestScenarioB_LargePool(t *testing.T) {
 	h.expectLayout("[0 3145728 A(3145728)][3145728 17825792 F]\n")
 	h.malloc(3 * MiB)
 	h.expectLayout("[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n")
+	// Segments are listed by address, which the driver hands out top-down
+	// (see sim.driverFit): a later segment lies below, or in a hole.
 	h.malloc(15 * MiB)
-	h.expectLayout("[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n" +
-		"[0 16777216 A(15728640)]\n")
+	h.expectLayout("[0 16777216 A(15728640)]\n" +
+		"[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n")
 	h.expectStats(map[string]int64{"allocated_bytes.all.current": 22 * MiB, "requested_bytes.all.current": 21 * MiB})
 	h.malloc(15000000)
-	h.expectLayout("[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n" +
-		"[0 16777216 A(15728640)]\n[0 15000064 A(15000000)][15000064 1777152 F]\n")
+	h.expectLayout("[0 16777216 A(15728640)]\n[0 15000064 A(15000000)][15000064 1777152 F]\n" +
+		"[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n")
 	h.malloc(12 * MiB)
-	h.expectLayout("[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 12582912 A(12582912)][18874368 2097152 F]\n" +
-		"[0 16777216 A(15728640)]\n[0 15000064 A(15000000)][15000064 1777152 F]\n")
+	h.expectLayout("[0 16777216 A(15728640)]\n[0 15000064 A(15000000)][15000064 1777152 F]\n" +
+		"[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 12582912 A(12582912)][18874368 2097152 F]\n")
 	h.malloc(20447232)
 	h.expectStats(map[string]int64{"segment.large_pool.current": 4, "reserved_bytes.all.current": 72 * MiB})
-	if got := h.layout(); !strings.HasSuffix(got, "[0 20971520 A(20447232)]\n") {
+	if got := h.layout(); !strings.HasPrefix(got, "[0 20971520 A(20447232)]\n") {
 		t.Errorf("19.5 MiB should get its own unsplit 20 MiB segment:\n%s", got)
 	}
 	h.checkInvariants()
@@ -271,7 +273,7 @@ func TestScenarioC_Oversize(t *testing.T) {
 	h.expectStats(map[string]int64{"segment.all.current": 2})
 	h.free(p)
 	p = h.malloc(30 * MiB)
-	h.expectLayout("[0 104857600 F]\n[0 73400320 F]\n[0 31457280 A(31457280)]\n")
+	h.expectLayout("[0 31457280 A(31457280)]\n[0 73400320 F]\n[0 104857600 F]\n")
 	h.free(p)
 	h.checkInvariants()
 }

@@ -21,7 +21,10 @@ const (
 	MallocBase = 0x7f0000000000
 	// ReserveBase is the lowest address Reserve hands out; the reservation
 	// range ends where the Malloc range begins, so the two never overlap.
-	ReserveBase = 0x7e0000000000
+	// Its 15 TiB hold the reservations of many pools and streams on the
+	// largest device a search tries (each 9/8 of the device, as PyTorch
+	// reserves for an expandable segment).
+	ReserveBase = 0x700000000000
 	mallocEnd   = 0x800000000000
 	reserveEnd  = MallocBase
 )
@@ -224,6 +227,51 @@ func fit(spans []span, base, end, placed, gap uint64) (uint64, int, bool) {
 	return 0, 0, false
 }
 
+// Where the CUDA driver puts a cudaMalloc, as the PyTorch 2.11 recordings
+// of an H200 show it: a segment of up to 20 MiB (the allocator's small
+// and shared large ones) goes into the lowest hole between allocations
+// it fits in; a larger one, or one no hole takes, as high as it fits, its
+// start rounded down to 32 MiB (a 2 MiB one to 2 MiB). The caching
+// allocator breaks ties between free blocks of one size by address, so
+// the order matters: the bisections of a real allocator over a
+// fragmenting stream agree with this placement, not with first fit.
+const (
+	holeMax     = 20 << 20
+	regionAlign = 32 << 20
+)
+
+// driverFit places placed bytes among the sorted spans within [base, end)
+// as the driver does (see holeMax).
+func driverFit(spans []span, base, end, placed uint64) (uint64, bool) {
+	if placed <= holeMax {
+		for i := 1; i < len(spans); i++ {
+			if spans[i].addr-spans[i-1].end() >= placed {
+				return spans[i-1].end(), true
+			}
+		}
+	}
+	align := uint64(regionAlign)
+	if placed <= Granularity {
+		align = Granularity
+	}
+	hi := end
+	for i := len(spans) - 1; i >= -1; i-- {
+		lo := base
+		if i >= 0 {
+			lo = spans[i].end()
+		}
+		if hi >= lo+placed {
+			if at := (hi - placed) / align * align; at >= lo {
+				return at, true
+			}
+		}
+		if i >= 0 {
+			hi = spans[i].addr
+		}
+	}
+	return 0, false
+}
+
 // insertSpan adds s to the sorted spans.
 func insertSpan(spans *[]span, s span) {
 	i := sort.Search(len(*spans), func(i int) bool { return (*spans)[i].addr >= s.addr })
@@ -319,8 +367,9 @@ func find(spans []span, addr uint64) (int, bool) {
 	return i, i < len(spans) && spans[i].addr == addr
 }
 
-// Malloc places size bytes first-fit at the lowest free 2 MiB-aligned
-// address of the Malloc range and charges size bytes.
+// Malloc places size bytes in the Malloc range as the driver does (see
+// driverFit), or at a recording's address (see Recorded), and charges
+// size bytes.
 func (d *Device) Malloc(size uint64) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -337,7 +386,7 @@ func (d *Device) Malloc(size uint64) (uint64, error) {
 		addr = d.recordedPlace(d.popMalloc(size), placed)
 	} else {
 		var ok bool
-		if addr, _, ok = fit(d.mallocs, MallocBase, mallocEnd, placed, 0); !ok {
+		if addr, ok = driverFit(d.mallocs, MallocBase, mallocEnd, placed); !ok {
 			return 0, fmt.Errorf("sim: malloc of %d bytes: address space exhausted", size)
 		}
 	}

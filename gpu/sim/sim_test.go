@@ -2,6 +2,7 @@ package sim
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"strings"
 	"testing"
@@ -39,28 +40,36 @@ func TestIdentity(t *testing.T) {
 	}
 }
 
-func TestMallocFirstFit(t *testing.T) {
-	d := New(100 * mib)
-	a := mustMalloc(t, d, 20*mib)
-	b := mustMalloc(t, d, 3*mib) // placed as 4 MiB
-	c := mustMalloc(t, d, 100)   // placed as 2 MiB
-	if a != MallocBase || b != MallocBase+20*mib || c != MallocBase+24*mib {
-		t.Fatalf("addresses %#x %#x %#x", a, b, c)
+// Malloc places as the CUDA driver did in the PyTorch 2.11 recordings: a
+// segment over 20 MiB as high as it fits, starting on a 32 MiB boundary;
+// a smaller one in the lowest hole between allocations, else as high as
+// it fits (2 MiB ones on a 2 MiB boundary).
+func TestMallocLikeTheDriver(t *testing.T) {
+	d := New(1 << 30)
+	top := uint64(mallocEnd)
+	a := mustMalloc(t, d, 240*mib) // top-down, rounded down to 32 MiB
+	b := mustMalloc(t, d, 250*mib) // below a: 16 MiB above a is no hole
+	c := mustMalloc(t, d, 2*mib)   // the 6 MiB hole b leaves below a
+	e := mustMalloc(t, d, 20*mib)  // no hole that large: below b
+	f := mustMalloc(t, d, 100)     // the lowest hole: 12 MiB after e
+	want := []uint64{top - 256*mib, top - 512*mib, top - 262*mib, top - 544*mib, top - 524*mib}
+	if got := []uint64{a, b, c, e, f}; fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("addresses %#x, want %#x", got, want)
 	}
-	checkFree(t, d, 100*mib-20*mib-3*mib-100)
+	checkFree(t, d, 1<<30-512*mib-100)
 
-	if err := d.Free(a); err != nil {
+	if err := d.Free(b); err != nil {
 		t.Fatal(err)
 	}
-	// First fit: a 2 MiB request goes into the hole a left, not after c.
-	if e := mustMalloc(t, d, 2*mib); e != MallocBase {
-		t.Fatalf("after free, Malloc = %#x, want %#x", e, uint64(MallocBase))
+	// b's 260 MiB hole (with what is left above f) takes 200 MiB at its
+	// top, not 300 MiB: that goes below e.
+	if g := mustMalloc(t, d, 300*mib); g != top-864*mib {
+		t.Fatalf("Malloc(300 MiB) = %#x, want %#x", g, top-864*mib)
 	}
-	// 20 MiB no longer fits in the 18 MiB hole: it goes after c.
-	if f := mustMalloc(t, d, 20*mib); f != MallocBase+26*mib {
-		t.Fatalf("Malloc(20 MiB) = %#x, want %#x", f, uint64(MallocBase+26*mib))
+	if h := mustMalloc(t, d, 200*mib); h != top-480*mib {
+		t.Fatalf("Malloc(200 MiB) = %#x, want %#x", h, top-480*mib)
 	}
-	if got := d.Counts(); got.Mallocs != 5 || got.Frees != 1 {
+	if got := d.Counts(); got.Mallocs != 7 || got.Frees != 1 {
 		t.Fatalf("counts %+v", got)
 	}
 }
