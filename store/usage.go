@@ -154,12 +154,22 @@ func (db *DB) Usages(ids []string, t0, t1 int64, n int, s Series) ([]Usage, erro
 // databases' limits on parameters (a variable for tests).
 var inBatch = 500
 
-// queryIn runs q for list in batches, q's last "%s" the IN list of a
-// batch, after the parameters args; fn scans each row.
+// queryIn runs q for list in batches, q's "%s" the items of a batch's IN
+// list,
+// after the parameters args; fn scans each row.
 func queryIn(tx *sql.Tx, q string, args, list []any, fn func(*sql.Rows) error) error {
-	for lo := 0; lo < len(list); lo += inBatch {
-		part := list[lo:min(lo+inBatch, len(list))]
-		rows, err := tx.Query(fmt.Sprintf(q, placeholders(1, len(part))), append(slices.Clip(args), part...)...)
+	return queryInGroups(tx, q, args, "?", list, fn)
+}
+
+// queryInGroups is queryIn for a list whose items are groups of
+// parameters: each item of the IN list is group (as "(?, ?)"), taking as
+// many of list's values as it has parameters.
+func queryInGroups(tx *sql.Tx, q string, args []any, group string, list []any, fn func(*sql.Rows) error) error {
+	per := strings.Count(group, "?")
+	for lo := 0; lo < len(list); lo += inBatch * per {
+		part := list[lo:min(lo+inBatch*per, len(list))]
+		in := strings.TrimSuffix(strings.Repeat(group+",", len(part)/per), ",")
+		rows, err := tx.Query(fmt.Sprintf(q, in), append(slices.Clip(args), part...)...)
 		if err != nil {
 			return err
 		}
@@ -184,7 +194,7 @@ func lookupAll(tx *sql.Tx, ids []string) (map[string]*reader, error) {
 		list[i] = id
 	}
 	out := make(map[string]*reader, len(ids))
-	err := queryIn(tx, "SELECT "+traceCols+" FROM traces WHERE "+hidden+" AND id IN %s", nil, list, func(rows *sql.Rows) error {
+	err := queryIn(tx, "SELECT "+traceCols+" FROM traces WHERE "+hidden+" AND id IN (%s)", nil, list, func(rows *sql.Rows) error {
 		tid, t, err := scanTrace(rows)
 		out[t.ID] = &reader{tx: tx, tid: tid, trace: t}
 		return err
@@ -229,7 +239,7 @@ func levels(tx *sql.Tx, tids []any, k int, b0, b1 int64, s Series, fn func(tid i
 	for i := range vals {
 		ptrs[i] = &vals[i]
 	}
-	return queryIn(tx, "SELECT "+cols+" FROM usage_levels WHERE k = ? AND b BETWEEN ? AND ? AND tid IN %s", []any{k, b0, b1}, tids, func(rows *sql.Rows) error {
+	return queryIn(tx, "SELECT "+cols+" FROM usage_levels WHERE k = ? AND b BETWEEN ? AND ? AND tid IN (%s)", []any{k, b0, b1}, tids, func(rows *sql.Rows) error {
 		if err := rows.Scan(ptrs...); err != nil {
 			return err
 		}
@@ -273,8 +283,10 @@ func decodeUnstored(tx *sql.Tx, of map[int64]*usageOf, tids []any, k int, b0, st
 		}
 	}
 	// Bounded at both ends: PostgreSQL sends every row a query selects.
+	// In seq order within a trace, batch after batch: a bucket's last
+	// totals are its last event's.
 	var keys []any // (tid, first seq) pairs
-	err := queryIn(tx, "SELECT tid, first_seq, first_us, last_us FROM chunks WHERE last_us >= ? AND first_us <= ? AND tid IN %s",
+	err := queryIn(tx, "SELECT tid, first_seq, first_us, last_us FROM chunks WHERE last_us >= ? AND first_us <= ? AND tid IN (%s) ORDER BY tid, first_seq",
 		[]any{startUS, endUS}, gaps, func(rows *sql.Rows) error {
 			var tid, first, f, l int64
 			if err := rows.Scan(&tid, &first, &f, &l); err != nil {
@@ -292,33 +304,17 @@ func decodeUnstored(tx *sql.Tx, of map[int64]*usageOf, tids []any, k int, b0, st
 	if err != nil || len(keys) == 0 {
 		return err
 	}
-	// In seq order within a trace: a bucket's last totals are its last
-	// event's.
-	for lo := 0; lo < len(keys); lo += inBatch {
-		part := keys[lo:min(lo+inBatch, len(keys))]
-		// Typed, or PostgreSQL takes VALUES of parameters for text.
-		pairs := strings.TrimSuffix(strings.Repeat("(CAST(? AS bigint), CAST(? AS bigint)),", len(part)/2), ",")
-		rows, err := tx.Query("SELECT tid, "+chunkCols+" FROM chunks WHERE (tid, first_seq) IN (VALUES "+pairs+") ORDER BY tid, first_seq", part...)
-		if err != nil {
-			return err
-		}
-		for rows.Next() {
+	// The pairs are typed, or PostgreSQL takes VALUES of parameters for
+	// text.
+	return queryInGroups(tx, "SELECT tid, "+chunkCols+" FROM chunks WHERE (tid, first_seq) IN (VALUES %s) ORDER BY tid, first_seq",
+		nil, "(CAST(? AS bigint), CAST(? AS bigint))", keys, func(rows *sql.Rows) error {
 			var tid int64
 			c, err := scanChunk(rows, &tid)
-			if err == nil {
-				err = of[tid].add(c, k, b0, startUS, endUS)
-			}
 			if err != nil {
-				rows.Close()
 				return err
 			}
-		}
-		rows.Close()
-		if err := rows.Err(); err != nil {
-			return err
-		}
-	}
-	return nil
+			return of[tid].add(c, k, b0, startUS, endUS)
+		})
 }
 
 // add counts the events of c in the window's buckets that have no
@@ -356,7 +352,7 @@ func (u *usageOf) add(c *chunk, k int, b0, startUS, endUS int64) error {
 func carries(tx *sql.Tx, of map[int64]*usageOf, tids []any, startUS int64) error {
 	err := queryIn(tx, "SELECT t.tid, "+qualified("c", chunkCols)+` FROM traces t JOIN chunks c ON c.tid = t.tid AND c.first_seq =
 		(SELECT c2.first_seq FROM chunks c2 WHERE c2.tid = t.tid AND c2.first_us < ? ORDER BY c2.first_us DESC, c2.first_seq DESC LIMIT 1)
-		WHERE t.tid IN %s`, []any{startUS}, tids, func(rows *sql.Rows) error {
+		WHERE t.tid IN (%s)`, []any{startUS}, tids, func(rows *sql.Rows) error {
 		var tid int64
 		c, err := scanChunk(rows, &tid)
 		if err != nil {
@@ -386,7 +382,7 @@ func carries(tx *sql.Tx, of map[int64]*usageOf, tids []any, startUS int64) error
 		}
 	}
 	err = queryIn(tx, `SELECT t.tid, c.reserved0, c.allocated0, c.active0 FROM traces t JOIN chunks c ON c.tid = t.tid AND c.first_seq =
-		(SELECT MIN(c2.first_seq) FROM chunks c2 WHERE c2.tid = t.tid) WHERE t.tid IN %s`, nil, rest, func(rows *sql.Rows) error {
+		(SELECT MIN(c2.first_seq) FROM chunks c2 WHERE c2.tid = t.tid) WHERE t.tid IN (%s)`, nil, rest, func(rows *sql.Rows) error {
 		var tid, r, a, ac int64
 		if err := rows.Scan(&tid, &r, &a, &ac); err != nil {
 			return err
