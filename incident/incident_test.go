@@ -272,6 +272,18 @@ func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
 	}
 }
 
+// A non-monotone edge's limits, 2 MiB apart, read apart in words.
+func TestNeededEdgeInMiB(t *testing.T) {
+	got := needed(WhatIf{AllocConf: "expandable_segments:True", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200})
+	if want := "3452 MiB (it also runs under 3448 MiB but not under 3450 MiB: the allocator asks a limit for whole segments)"; got != want {
+		t.Errorf("%q\nwant %q", got, want)
+	}
+	got = needed(WhatIf{AllocConf: "max_split_size_mb:32", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200})
+	if !strings.HasSuffix(got, ": under a lower limit the allocator gives its cached segments back sooner)") {
+		t.Errorf("%q", got)
+	}
+}
+
 // TestWhatIfSaysWhenItCannotReproduce: an OOM no capacity explains (the
 // recording claims one where the replay serves the request) is said
 // plainly, not contradicted by the table.

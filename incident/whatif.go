@@ -194,7 +194,13 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 			for i := range jobs {
 				var err error
 				if i >= first {
-					rows[i], results[i], err = replayOne(s, cfgs[i], original, false)
+					// Under other settings a run departs from the
+					// recording: the driver places its segments anew.
+					rs := s
+					if i > 0 {
+						rs = s.Unplaced()
+					}
+					rows[i], results[i], err = replayOne(rs, cfgs[i], original, false)
 				}
 				at := s.Allowed()
 				switch {
@@ -375,8 +381,15 @@ func needed(r WhatIf) string {
 		return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
 	}
 	if r.LowestThatRuns > 0 {
-		return gpu.FormatBytes(r.CapacityNeeded) + " (it also runs under " + gpu.FormatBytes(r.LowestThatRuns) +
-			" but not under " + gpu.FormatBytes(r.FailsAt) + ": the allocator asks a limit for whole segments)"
+		// The edges are a step or two apart: in MiB, which limits are
+		// whole multiples of, they read apart.
+		mib := func(n uint64) string { return fmt.Sprintf("%d MiB", n>>20) }
+		why := "under a lower limit the allocator gives its cached segments back sooner"
+		if strings.Contains(r.AllocConf, "expandable_segments:True") {
+			why = "the allocator asks a limit for whole segments"
+		}
+		return mib(r.CapacityNeeded) + " (it also runs under " + mib(r.LowestThatRuns) +
+			" but not under " + mib(r.FailsAt) + ": " + why + ")"
 	}
 	return gpu.FormatBytes(r.CapacityNeeded)
 }

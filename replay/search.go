@@ -51,6 +51,10 @@ func (s *Stream) Allowed() uint64 {
 // requests ever add up to (no limit below serves them all), then looks
 // at the limits next to the answer for a non-monotone edge.
 func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64) (Needed, error) {
+	// Under another limit a run departs from the recording: the driver
+	// places its segments anew, not at the recording's addresses.
+	u := s.Unplaced()
+	s = &u
 	lo := s.liveFloor(cfg.Rules)
 	if cfg.Expandable {
 		// A limit is asked for alloc_size, and a map can then take up to

@@ -27,7 +27,9 @@ export async function loadWhatIf(url, status) {
 /** "12.34 GiB", and why the replay failed when it did. */
 function needed(r) {
   let n = r.capacity_needed ? fmtBytes(r.capacity_needed) : "more than 512.00 GiB";
-  if (r.lowest_that_runs) n += ` (also runs under ${fmtBytes(r.lowest_that_runs)}, not under ${fmtBytes(r.fails_at)})`;
+  // The edges are a step or two apart: in MiB (limits are whole MiB) they read apart.
+  const mib = (b) => `${b / 2 ** 20} MiB`;
+  if (r.lowest_that_runs) n = `${mib(r.capacity_needed)} (also runs under ${mib(r.lowest_that_runs)}, not under ${mib(r.fails_at)})`;
   return r.error ? n + " (the replay failed: " + r.error + ")" : n;
 }
 
