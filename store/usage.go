@@ -155,8 +155,7 @@ func (db *DB) Usages(ids []string, t0, t1 int64, n int, s Series) ([]Usage, erro
 var inBatch = 500
 
 // queryIn runs q for list in batches, q's "%s" the items of a batch's IN
-// list,
-// after the parameters args; fn scans each row.
+// list, after the parameters args; fn scans each row.
 func queryIn(tx *sql.Tx, q string, args, list []any, fn func(*sql.Rows) error) error {
 	return queryInGroups(tx, q, args, "?", list, fn)
 }
