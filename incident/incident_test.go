@@ -267,8 +267,29 @@ func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
 	if n := table.Rows[0].CapacityNeeded; n != 5299503104 {
 		t.Errorf("needs %d B with the recorded settings, the real allocator 5,299,503,104", n)
 	}
-	if n := table.Needed(); !strings.Contains(n, "as a per-process limit; the recording ran under one of 4.94 GiB") {
+	if n := table.Needed(); !strings.Contains(n, "as a per-process limit; the recording ran under one of 4.94 GiB") ||
+		!strings.HasSuffix(n, "The recording ends at its OOM: these figures cover the 5831 requests it holds, not what the job would have asked after it.") {
 		t.Errorf("needed: %q", n)
+	}
+}
+
+// A recording ends at its OOM when it asks for nothing after the last
+// one: frees may follow.
+func TestEndsAtOOM(t *testing.T) {
+	m := func(id int64, oom bool) replay.Request { return replay.Request{Op: replay.OpMalloc, ID: id, Size: MiB, OOM: oom} }
+	f := func(id int64) replay.Request { return replay.Request{Op: replay.OpFree, ID: id} }
+	for _, c := range []struct {
+		reqs []replay.Request
+		want bool
+	}{
+		{[]replay.Request{m(1, false), m(2, true), f(1)}, true},
+		{[]replay.Request{m(1, false), m(2, true), m(3, false)}, false},
+		{[]replay.Request{m(1, false), f(1)}, false},
+		{nil, false},
+	} {
+		if got := endsAtOOM(c.reqs); got != c.want {
+			t.Errorf("%+v: %v, want %v", c.reqs, got, c.want)
+		}
 	}
 }
 

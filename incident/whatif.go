@@ -86,6 +86,10 @@ type Table struct {
 	// capacity or limit found explains them, so the other rows are not
 	// to be read against the recording.
 	Contradiction string `json:"contradiction,omitempty"`
+	// EndsAtOOM: the recording asks for nothing after its last OOM (a
+	// snapshot dumped then), so what the job would have asked next is not
+	// in it, and the memory needed covers only the requests it holds.
+	EndsAtOOM bool `json:"ends_at_oom,omitempty"`
 }
 
 // Answer replays s under its own settings and under each of Variants on a
@@ -105,7 +109,22 @@ func answer(s replay.Stream, onOriginal func(WhatIf)) (Table, error) {
 		t.Limit, t.LimitFrom = &s.Limit, s.Limit.String()
 	}
 	t.Contradiction = contradiction(ooms, rows[0])
+	t.EndsAtOOM = endsAtOOM(s.Requests)
 	return t, nil
+}
+
+// endsAtOOM says whether reqs hold a recorded OOM and no malloc after the
+// last one.
+func endsAtOOM(reqs []replay.Request) bool {
+	for i := len(reqs) - 1; i >= 0; i-- {
+		switch {
+		case reqs[i].OOM:
+			return true
+		case reqs[i].Op == replay.OpMalloc:
+			return false
+		}
+	}
+	return false
 }
 
 // contradiction says where the replay under the recorded settings, orig,
@@ -357,7 +376,11 @@ func (t Table) Needed() string {
 	} else {
 		s += "; no setting tried needs less"
 	}
-	return s + " (" + t.device() + ")."
+	s += " (" + t.device() + ")."
+	if t.EndsAtOOM {
+		s += fmt.Sprintf(" The recording ends at its OOM: these figures cover the %d requests it holds, not what the job would have asked after it.", t.Requests)
+	}
+	return s
 }
 
 // device says what the recording ran on: the device, and the per-process
