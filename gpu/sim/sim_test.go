@@ -572,3 +572,79 @@ func TestRecordedFirstFitProperty(t *testing.T) {
 		}
 	}
 }
+
+// Random mallocs and frees land where the driver's rule, stated another
+// way, puts them: a segment of up to 20 MiB at the lowest end of an
+// allocation with another above it where it fits; else (and any larger
+// one) at the highest free aligned address below an allocation or the
+// range's end. Nothing overlaps.
+func TestMallocDriverProperty(t *testing.T) {
+	type live struct{ addr, placed uint64 }
+	free := func(ls []live, at, placed uint64) bool {
+		if at < MallocBase || at+placed > mallocEnd {
+			return false
+		}
+		for _, l := range ls {
+			if at < l.addr+l.placed && l.addr < at+placed {
+				return false
+			}
+		}
+		return true
+	}
+	want := func(ls []live, placed uint64) uint64 {
+		if placed <= holeMax {
+			best, top := uint64(0), uint64(0)
+			for _, l := range ls {
+				top = max(top, l.addr)
+			}
+			for _, l := range ls {
+				if e := l.addr + l.placed; e < top && free(ls, e, placed) && (best == 0 || e < best) {
+					best = e
+				}
+			}
+			if best != 0 {
+				return best
+			}
+		}
+		align := uint64(regionAlign)
+		if placed <= Granularity {
+			align = Granularity
+		}
+		best := uint64(0)
+		for _, below := range append([]uint64{mallocEnd}, func() (a []uint64) {
+			for _, l := range ls {
+				a = append(a, l.addr)
+			}
+			return
+		}()...) {
+			if at := (below - placed) / align * align; free(ls, at, placed) && at > best {
+				best = at
+			}
+		}
+		return best
+	}
+	sizes := []uint64{512, mib, 2 * mib, 20 * mib, 22 * mib, 64 * mib, 300 * mib}
+	for seed := range uint64(20) {
+		r := rand.New(rand.NewPCG(seed, 7))
+		d := New(1 << 40)
+		var ls []live
+		for step := range 1000 {
+			if len(ls) > 0 && r.IntN(5) < 2 {
+				i := r.IntN(len(ls))
+				if err := d.Free(ls[i].addr); err != nil {
+					t.Fatal(err)
+				}
+				ls = append(ls[:i], ls[i+1:]...)
+				continue
+			}
+			size := sizes[r.IntN(len(sizes))] + uint64(r.IntN(3))*512
+			placed := roundUp(size)
+			w := want(ls, placed)
+			got := mustMalloc(t, d, size)
+			if got != w || !free(ls, got, placed) {
+				t.Fatalf("seed %d step %d: %d bytes at %#x, want %#x", seed, step, size, got, w)
+			}
+			ls = append(ls, live{got, placed})
+		}
+	}
+}
