@@ -276,7 +276,9 @@ func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
 // A recording ends at its OOM when it asks for nothing after the last
 // one: frees may follow.
 func TestEndsAtOOM(t *testing.T) {
-	m := func(id int64, oom bool) replay.Request { return replay.Request{Op: replay.OpMalloc, ID: id, Size: MiB, OOM: oom} }
+	m := func(id int64, oom bool) replay.Request {
+		return replay.Request{Op: replay.OpMalloc, ID: id, Size: MiB, OOM: oom}
+	}
 	f := func(id int64) replay.Request { return replay.Request{Op: replay.OpFree, ID: id} }
 	for _, c := range []struct {
 		reqs []replay.Request
