@@ -309,8 +309,13 @@ func (r *reader) stateAt(t int64, inclusive bool) (seq int64, tot gpu.Totals, cn
 		tot, cnt, err := r.initial()
 		return -1, tot, cnt, err
 	}
-	seq = c.firstSeq - 1
-	tot, cnt = c.before, c.cnt
+	return c.stateAt(t, inclusive)
+}
+
+// stateAt is reader.stateAt within c: the state after its last event
+// with time <= t (inclusive) or time < t, else before its first.
+func (c *chunk) stateAt(t int64, inclusive bool) (seq int64, tot gpu.Totals, cnt allocCounts, err error) {
+	seq, tot, cnt = c.firstSeq-1, c.before, c.cnt
 	err = c.walk(func(e *gpu.Event, _ bool, at gpu.Totals, n allocCounts) bool {
 		if e.TimeUS > t || !inclusive && e.TimeUS == t {
 			return false

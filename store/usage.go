@@ -358,14 +358,8 @@ func carries(tx *sql.Tx, of map[int64]*usageOf, tids []any, startUS int64) error
 			return err
 		}
 		u := of[tid]
-		u.carry, u.found = c.before, true
-		err = c.walk(func(e *gpu.Event, _ bool, at gpu.Totals, _ allocCounts) bool {
-			if e.TimeUS >= startUS {
-				return false
-			}
-			u.carry = at
-			return true
-		})
+		_, u.carry, _, err = c.stateAt(startUS, false)
+		u.found = true
 		if err != nil {
 			return fmt.Errorf("trace %s: %w", u.r.trace.ID, err)
 		}
