@@ -93,3 +93,27 @@ func TestOpenReadOnlyFolder(t *testing.T) {
 		}
 	}
 }
+
+// Processes that open a new file at once (the ranks of a run imported on
+// one machine) apply each migration once: none finds another's tables
+// half made, or made, and fails.
+func TestOpenNewFileAtOnce(t *testing.T) {
+	for round := range 5 {
+		path := filepath.Join(t.TempDir(), "new.db")
+		errs := make(chan error, 6)
+		for range cap(errs) {
+			go func() {
+				db, err := Open(path)
+				if err == nil {
+					err = db.Close()
+				}
+				errs <- err
+			}()
+		}
+		for range cap(errs) {
+			if err := <-errs; err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		}
+	}
+}

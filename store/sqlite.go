@@ -149,10 +149,6 @@ func (b *sqliteBackend) close() error { return nil }
 // migrateSQLite applies the embedded migrations the database lacks, each in its
 // own transaction, recording the version in PRAGMA user_version.
 func migrateSQLite(db *sql.DB) error {
-	var cur int
-	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
-		return err
-	}
 	steps, err := migrationFiles(migrations.FS)
 	if err != nil {
 		return err
@@ -161,41 +157,64 @@ func migrateSQLite(db *sql.DB) error {
 	if len(steps) > 0 {
 		latest = steps[len(steps)-1].version
 	}
+	var cur int
+	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
+		return err
+	}
+	if err := checkVersion(db, cur, latest); err != nil || cur == latest {
+		return err
+	}
+	for _, s := range steps {
+		if err := applySQLiteStep(db, s, latest); err != nil {
+			return fmt.Errorf("migration %s: %w", s.name, err)
+		}
+	}
+	return nil
+}
+
+// checkVersion refuses a database at schema version cur that this
+// vramscope (at latest) cannot use: a newer one, or another program's.
+func checkVersion(q querier, cur, latest int) error {
 	if cur > latest {
 		return fmt.Errorf("database schema version %d is newer than this vramscope's %d; use a newer vramscope", cur, latest)
 	}
 	if cur == 0 {
 		// A database of another program: vramscope's tables are not added to it.
 		var other string
-		if err := db.QueryRow("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' LIMIT 1").Scan(&other); err == nil {
+		if err := q.QueryRow("SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%' LIMIT 1").Scan(&other); err == nil {
 			return fmt.Errorf("a SQLite database of another program (it has a table %q and no vramscope schema): choose a vramscope database, or a new file name to make one", other)
 		} else if !errors.Is(err, sql.ErrNoRows) {
 			return err
 		}
 	}
-	for _, s := range steps {
-		if s.version <= cur {
-			continue
-		}
-		body, err := fs.ReadFile(migrations.FS, s.name)
-		if err != nil {
-			return err
-		}
-		tx, err := db.Begin()
-		if err != nil {
-			return err
-		}
-		if _, err := tx.Exec(string(body)); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-		if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version)); err != nil {
-			tx.Rollback()
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-		if err := tx.Commit(); err != nil {
-			return fmt.Errorf("migration %s: %w", s.name, err)
-		}
-	}
 	return nil
+}
+
+// applySQLiteStep applies step s unless the database has it. It looks
+// under the write lock the transaction takes (_txlock=immediate), so
+// processes opening a new file at once apply each step once.
+func applySQLiteStep(db *sql.DB, s migrationStep, latest int) error {
+	tx, err := db.Begin()
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback()
+	var cur int
+	if err := tx.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
+		return err
+	}
+	if err := checkVersion(tx, cur, latest); err != nil || cur >= s.version {
+		return err
+	}
+	body, err := fs.ReadFile(migrations.FS, s.name)
+	if err != nil {
+		return err
+	}
+	if _, err := tx.Exec(string(body)); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version)); err != nil {
+		return err
+	}
+	return tx.Commit()
 }
