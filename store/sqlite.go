@@ -158,15 +158,12 @@ func migrateSQLite(db *sql.DB) error {
 		latest = steps[len(steps)-1].version
 	}
 	var cur int
-	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil {
-		return err
-	}
-	if err := checkVersion(db, cur, latest); err != nil || cur == latest {
+	if err := db.QueryRow("PRAGMA user_version").Scan(&cur); err != nil || cur == latest {
 		return err
 	}
 	for _, s := range steps {
 		if err := applySQLiteStep(db, s, latest); err != nil {
-			return fmt.Errorf("migration %s: %w", s.name, err)
+			return err
 		}
 	}
 	return nil
@@ -191,8 +188,10 @@ func checkVersion(q querier, cur, latest int) error {
 }
 
 // applySQLiteStep applies step s unless the database has it. It looks
-// under the write lock the transaction takes (_txlock=immediate), so
-// processes opening a new file at once apply each step once.
+// (and checks the database is vramscope's) under the write lock the
+// transaction takes (_txlock=immediate), so processes opening a new file
+// at once apply each step once and none takes another's tables for
+// another program's.
 func applySQLiteStep(db *sql.DB, s migrationStep, latest int) error {
 	tx, err := db.Begin()
 	if err != nil {
@@ -207,14 +206,17 @@ func applySQLiteStep(db *sql.DB, s migrationStep, latest int) error {
 		return err
 	}
 	body, err := fs.ReadFile(migrations.FS, s.name)
+	if err == nil {
+		_, err = tx.Exec(string(body))
+	}
+	if err == nil {
+		_, err = tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version))
+	}
+	if err == nil {
+		err = tx.Commit()
+	}
 	if err != nil {
-		return err
+		return fmt.Errorf("migration %s: %w", s.name, err)
 	}
-	if _, err := tx.Exec(string(body)); err != nil {
-		return err
-	}
-	if _, err := tx.Exec(fmt.Sprintf("PRAGMA user_version = %d", s.version)); err != nil {
-		return err
-	}
-	return tx.Commit()
+	return nil
 }
