@@ -67,16 +67,34 @@ func (s *Stream) CapacityNeeded(cfg caching.Config, known Result, knownAt uint64
 	}
 	// hi: a limit known to fit. A run without an OOM reserved at most
 	// its peak, but a limit is asked for whole segments: the peak is tried
-	// first, then knownAt; with an OOM, limits double until one fits.
+	// first, then knownAt. Without such a run, one with no limit on the
+	// largest device is made, as the real allocator is measured (record.py
+	// bisects down from what a run with no limit reserved: where the
+	// allocator is not monotone, the start decides which edge a bisection
+	// finds). Where that run cannot be made, or its peak is below what a
+	// known OOM says, limits double until one fits.
+	peak, fitsAt := known.PeakReserved, knownAt // a run that fit, and where
+	if len(known.OOMs) > 0 || knownAt == 0 {
+		peak, fitsAt = 0, 0
+		free := cfg
+		free.Limit = 0
+		switch _, res, err := s.Run(free, MaxCapacityNeeded); {
+		case err == nil && len(res.OOMs) > 0:
+			return Needed{}, nil // more than any device
+		case err == nil:
+			peak, fitsAt = res.PeakReserved, MaxCapacityNeeded
+		}
+	}
 	var hi uint64
-	if len(known.OOMs) == 0 && knownAt > 0 {
-		hi = ceilDiv(known.PeakReserved, CapacityStep)
+	if fitsAt > 0 {
+		hi = ceilDiv(peak, CapacityStep)
 		if ok, err := s.fits(cfg, hi*CapacityStep); err != nil {
 			return Needed{}, err
 		} else if !ok {
-			hi = ceilDiv(knownAt, CapacityStep)
+			hi = ceilDiv(fitsAt, CapacityStep)
 		}
-	} else {
+	}
+	if hi == 0 || hi < lo {
 		for c := max(2*knownAt, 2*lo*CapacityStep, CapacityStep); ; c *= 2 {
 			c = min(c, MaxCapacityNeeded)
 			ok, err := s.fits(cfg, c)
