@@ -34,8 +34,12 @@ for op in ns["frag_ops"]():
 // with expandable segments (PROVENANCE.md) it fails at 3,613,392,896 B,
 // runs at 3,615,490,048 B, fails at 3,617,587,200 B and runs from
 // 3,619,684,352 B up, the non-monotone edge included. The default figure
-// rests on where the driver puts segments (sim.driverFit): placed first
-// fit, bottom up, the stream needs 5,513,412,608 B.
+// rests on where the driver puts segments (sim.chunkRun): placed first
+// fit, bottom up, the stream needs 5,513,412,608 B. It rests on where the
+// search starts, too: the simulated allocator also runs at 5,230,297,088
+// B, which the real bisection never tried (it tried 5,203,034,112 and
+// 5,251,268,608: both fail, here too); the search, as the real one, starts
+// from what a run with no limit reserves and does not land there.
 func TestFragStreamNeeded(t *testing.T) {
 	script := filepath.Join(realDir(t, "pytorch-2.11"), "record.py")
 	out, err := exec.Command("python3", "-c", fragOpsScript, script).Output()

@@ -232,7 +232,7 @@ func TestScenarioB_LargePool(t *testing.T) {
 	h.malloc(3 * MiB)
 	h.expectLayout("[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n")
 	// Segments are listed by address, which the driver hands out top-down
-	// (see sim.driverFit): a later segment lies below, or in a hole.
+	// (see sim.chunkRun): a later segment lies below, or in a run's room.
 	h.malloc(15 * MiB)
 	h.expectLayout("[0 16777216 A(15728640)]\n" +
 		"[0 3145728 A(3145728)][3145728 3145728 A(3145728)][6291456 14680064 F]\n")

@@ -17,16 +17,22 @@ const (
 	// Granularity is the page size: Malloc places at this alignment, and
 	// Reserve, Map and Unmap take multiples of it (cuMemGetAllocationGranularity).
 	Granularity = 2 << 20
-	// MallocBase is the lowest address Malloc hands out.
+	// MallocBase is the lowest address Malloc hands out; it hands them out
+	// from the top of its range down (see Malloc).
 	MallocBase = 0x7f0000000000
-	// ReserveBase is the lowest address Reserve hands out; the reservation
-	// range ends where the Malloc range begins, so the two never overlap.
-	// Its 15 TiB hold the reservations of many pools and streams on the
-	// largest device a search tries (each 9/8 of the device, as PyTorch
-	// reserves for an expandable segment).
-	ReserveBase = 0x700000000000
+	// ReserveBase is the lowest address Reserve hands out, low in the
+	// address space as the driver's are (the 2.11 recordings' first was at
+	// 0x302000000); reservations go upward from it. The reservation range
+	// ends where the Malloc range begins, so the two never overlap. Its
+	// 127 TiB hold hundreds of reservations on the largest device a search
+	// tries (each 9/8 of the device, as PyTorch reserves for an expandable
+	// segment).
+	ReserveBase = 0x300000000
 	mallocEnd   = 0x800000000000
 	reserveEnd  = MallocBase
+	// chunk is the unit in which the driver takes address space for
+	// cudaMalloc'd segments and aligns reservations (see Malloc, Reserve).
+	chunk = 32 << 20
 )
 
 // Counts are the calls a Device has served. Failed calls are not counted,
@@ -53,6 +59,14 @@ type Device struct {
 	reserves []span            // sorted by addr
 	mapped   map[uint64]uint64 // mapped Granularity-page address -> where its Map page begins
 	used     uint64            // bytes malloc'd + bytes mapped
+
+	// Where the driver's own placement keeps its state (see Malloc,
+	// Reserve): the chunk runs that hold the mallocs, the end of the last
+	// Malloc (where the next one's search starts) and where the last
+	// Reserve ended.
+	runs        []chunkRun // sorted by base
+	cursor      uint64
+	reserveNext uint64
 
 	failMalloc map[int]bool // 1-based Malloc call numbers that fail
 	failMap    map[int]bool // 1-based Map call numbers that fail
@@ -228,48 +242,118 @@ func fit(spans []span, base, end, placed, gap uint64) (uint64, int, bool) {
 }
 
 // Where the CUDA driver puts a cudaMalloc, as the PyTorch 2.11 recordings
-// of an H200 show it: a segment of up to 20 MiB (the allocator's small
-// and shared large ones) goes into the lowest hole between allocations
-// it fits in; a larger one, or one no hole takes, as high as it fits, its
-// start rounded down to 32 MiB (a 2 MiB one to 2 MiB). The caching
-// allocator breaks ties between free blocks of one size by address, so
-// the order matters: the bisections of a real allocator over a
-// fragmenting stream agree with this placement, not with first fit.
-const (
-	holeMax     = 20 << 20
-	regionAlign = 32 << 20
-)
+// of an H200 show it (every segment_alloc after start-up: see
+// recorded_test.go). The caching allocator breaks ties between free blocks
+// of one size by address, so placement decides real figures: the
+// bisections of the real allocator over a fragmenting stream agree with
+// this placement, not with first fit.
+//
+// The driver takes address space for segments in whole 32 MiB chunks: a
+// segment that finds no room gets a run of fresh chunks of its own, as
+// high as they fit, and starts at the run's base. The run's room (the
+// unused tail of its last chunk, and what segments freed in it leave)
+// takes later segments of any size for as long as any segment in it
+// lives; with its last one the run goes back. A segment of any size looks
+// for room next fit: from the end of the previous cudaMalloc upward
+// through the runs' rooms, then from the lowest run up, and takes the
+// first room it fits in, at the room's start (at the search's start when
+// that lies inside the room). A room ends where its run does: a segment
+// never takes room from two runs.
+//
+// What the recordings do not decide: whether the search starts at the end
+// of the previous cudaMalloc or at the start of the room that lies in
+// (they agree on every recorded placement; a next-fit search starts where
+// it left off); what a small segment that finds no room does (none did
+// after start-up: it gets a fresh chunk, as any other segment); and room
+// above the topmost run, where the driver's own start-up memory lay in
+// every recording: nothing goes there but fresh chunks, highest first.
+// That memory, and what the driver hands out later for itself (code of
+// kernels loaded on first use, pinned host buffers), is not simulated: a
+// process's first placements land among it, and a later one leaves gaps.
 
-// driverFit places placed bytes among the sorted spans within [base, end)
-// as the driver does (see holeMax).
-func driverFit(spans []span, base, end, placed uint64) (uint64, bool) {
-	if placed <= holeMax {
-		for i := 1; i < len(spans); i++ {
-			if spans[i].addr-spans[i-1].end() >= placed {
-				return spans[i-1].end(), true
-			}
-		}
+// chunkRun is a run of whole chunks of the Malloc range and the number of
+// segments living in it.
+type chunkRun struct{ base, size, live uint64 }
+
+func (r chunkRun) end() uint64 { return r.base + r.size }
+
+// driverPlace places placed bytes as the driver does (see chunkRun) and
+// books them: the address, or false when the Malloc range is full.
+func (d *Device) driverPlace(placed uint64) (uint64, bool) {
+	if i, at, ok := d.nextFit(placed); ok {
+		d.runs[i].live++
+		d.cursor = at + placed
+		return at, true
 	}
-	align := uint64(regionAlign)
-	if placed <= Granularity {
-		align = Granularity
-	}
-	hi := end
-	for i := len(spans) - 1; i >= -1; i-- {
-		lo := base
-		if i >= 0 {
-			lo = spans[i].end()
+	size := (placed + chunk - 1) / chunk * chunk
+	hi := uint64(mallocEnd)
+	for i := len(d.runs); i >= 0; i-- {
+		lo := uint64(MallocBase)
+		if i > 0 {
+			lo = d.runs[i-1].end()
 		}
-		if hi >= lo+placed {
-			if at := (hi - placed) / align * align; at >= lo {
-				return at, true
-			}
+		if hi-lo >= size {
+			r := chunkRun{hi - size, size, 1}
+			d.runs = append(d.runs, chunkRun{})
+			copy(d.runs[i+1:], d.runs[i:])
+			d.runs[i] = r
+			d.cursor = r.base + placed
+			return r.base, true
 		}
-		if i >= 0 {
-			hi = spans[i].addr
+		if i > 0 {
+			hi = d.runs[i-1].base
 		}
 	}
 	return 0, false
+}
+
+// nextFit finds the first room of a run, from the cursor on and then from
+// the lowest run, that placed bytes fit: the run's index and the address.
+func (d *Device) nextFit(placed uint64) (int, uint64, bool) {
+	n := len(d.runs)
+	if n == 0 {
+		return 0, 0, false
+	}
+	first := sort.Search(n, func(i int) bool { return d.runs[i].end() > d.cursor })
+	for k := range n + 1 {
+		i := (first + k) % n
+		from := d.runs[i].base
+		if k == 0 && first < n {
+			from = max(from, d.cursor) // the rest of the run the cursor is in
+		} else if k == n && first == n {
+			break // every run tried
+		}
+		if at, ok := d.roomIn(d.runs[i], from, placed); ok {
+			return i, at, true
+		}
+	}
+	return 0, 0, false
+}
+
+// roomIn is the start of the first room of r at or after from where
+// placed bytes fit between its segments.
+func (d *Device) roomIn(r chunkRun, from, placed uint64) (uint64, bool) {
+	j := sort.Search(len(d.mallocs), func(j int) bool { return d.mallocs[j].end() > from })
+	at := from
+	for ; j < len(d.mallocs) && d.mallocs[j].addr < r.end(); j++ {
+		if d.mallocs[j].addr >= at+placed {
+			return at, true
+		}
+		at = max(at, d.mallocs[j].end())
+	}
+	return at, at+placed <= r.end()
+}
+
+// driverFree books the end of the segment at addr: its run goes back with
+// its last segment.
+func (d *Device) driverFree(addr uint64) {
+	i := sort.Search(len(d.runs), func(i int) bool { return d.runs[i].end() > addr })
+	if i == len(d.runs) || d.runs[i].base > addr {
+		return
+	}
+	if d.runs[i].live--; d.runs[i].live == 0 {
+		d.runs = append(d.runs[:i], d.runs[i+1:]...)
+	}
 }
 
 // insertSpan adds s to the sorted spans.
@@ -368,7 +452,7 @@ func find(spans []span, addr uint64) (int, bool) {
 }
 
 // Malloc places size bytes in the Malloc range as the driver does (see
-// driverFit), or at a recording's address (see Recorded), and charges
+// chunkRun), or at a recording's address (see Recorded), and charges
 // size bytes.
 func (d *Device) Malloc(size uint64) (uint64, error) {
 	d.mu.Lock()
@@ -386,7 +470,7 @@ func (d *Device) Malloc(size uint64) (uint64, error) {
 		addr = d.recordedPlace(d.popMalloc(size), placed)
 	} else {
 		var ok bool
-		if addr, ok = driverFit(d.mallocs, MallocBase, mallocEnd, placed); !ok {
+		if addr, ok = d.driverPlace(placed); !ok {
 			return 0, fmt.Errorf("sim: malloc of %d bytes: address space exhausted", size)
 		}
 	}
@@ -406,14 +490,22 @@ func (d *Device) Free(addr uint64) error {
 	}
 	d.used -= d.mallocs[i].size
 	d.mallocs = append(d.mallocs[:i], d.mallocs[i+1:]...)
+	if !d.recorded {
+		d.driverFree(addr)
+	}
 	d.counts.Frees++
 	return nil
 }
 
 // Reserve hands out size bytes (a multiple of Granularity) of address space
-// from the reservation range, at least one page away from any other
-// reservation so that two reservations are never contiguous. It charges no
-// memory.
+// from the reservation range as the driver did in the 2.11 recordings (or
+// at a recording's address, see Recorded): upward from ReserveBase, each
+// at the next 32 MiB boundary after the end of the one before, so a range
+// given back is not used again by a later one. The recordings do not say
+// whether a reservation may start right where the one before ends: here
+// it keeps at least a page away, so two reservations are never
+// contiguous. Where the range has no room left above, it takes the lowest
+// place that keeps a page away from the others. It charges no memory.
 func (d *Device) Reserve(size uint64) (uint64, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -424,12 +516,16 @@ func (d *Device) Reserve(size uint64) (uint64, error) {
 	if d.recorded {
 		addr = d.recordedReserve(size)
 	} else {
-		// The first reservation starts at ReserveBase; each one keeps a page of
-		// gap before the next (hence size+Granularity to fit).
-		var ok bool
-		if addr, _, ok = fit(d.reserves, ReserveBase, reserveEnd, size+Granularity, Granularity); !ok {
-			return 0, fmt.Errorf("sim: reserve of %d bytes: address space exhausted", size)
+		addr = max(ReserveBase, (d.reserveNext+chunk-1)/chunk*chunk)
+		if addr > reserveEnd || reserveEnd-addr < size || !d.vacant(addr-Granularity, size+2*Granularity) {
+			// Each one keeps a page of gap before the next (hence
+			// size+Granularity to fit).
+			var ok bool
+			if addr, _, ok = fit(d.reserves, ReserveBase, reserveEnd, size+Granularity, Granularity); !ok {
+				return 0, fmt.Errorf("sim: reserve of %d bytes: address space exhausted", size)
+			}
 		}
+		d.reserveNext = addr + size + Granularity
 	}
 	insertSpan(&d.reserves, span{addr, size, size})
 	d.counts.Reserves++
