@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"vramscope/gpu"
+	"vramscope/replay"
 )
 
 // Store is what explaining a stored incident reads; the SQLite store has it.
@@ -25,17 +26,13 @@ const maxPinnerStacks = 50
 // Explanation is one stored OOM explained, with the frames of its pinning
 // stacks and the time window worth showing first.
 type Explanation struct {
-	Trace    string       `json:"trace"`
-	N        int          `json:"n"`
-	Count    int          `json:"count"`
-	Incident gpu.Incident `json:"incident"`
-	Report   Report       `json:"report"`
-	// CapacityEstimated: the trace lacks its device's capacity (snapshots
-	// do), so Report.Capacity is what the allocator held plus what the
-	// device had free at this OOM.
-	CapacityEstimated bool                 `json:"capacity_estimated"`
-	Stacks            map[string]gpu.Stack `json:"stacks"`
-	Window            struct {
+	Trace    string               `json:"trace"`
+	N        int                  `json:"n"`
+	Count    int                  `json:"count"`
+	Incident gpu.Incident         `json:"incident"`
+	Report   Report               `json:"report"`
+	Stacks   map[string]gpu.Stack `json:"stacks"`
+	Window   struct {
 		T0 int64 `json:"t0"`
 		T1 int64 `json:"t1"`
 	} `json:"window"`
@@ -68,13 +65,18 @@ func Explain(db Store, id string, n int) (Explanation, error) {
 	if err != nil {
 		return out, err
 	}
-	capacity := t.Capacity
-	if capacity == 0 {
-		capacity = l.Figures().Reserved + in.DeviceFree
-		out.CapacityEstimated = true
+	// The limit the what-if replays under (inferred from every OOM and
+	// retry of the recording, or recorded), so that the verdict and the
+	// what-if read one room.
+	rec, err := db.Recording(id)
+	if err != nil {
+		return out, err
 	}
+	s := replay.FromRecording(rec)
+	dev := Device{Capacity: t.Capacity}
+	dev.Limit, dev.LimitInferred = s.LimitBytes()
 	out.Trace, out.N, out.Count, out.Incident = id, n, len(all), in
-	out.Report = Analyze(l, evs[0], capacity)
+	out.Report = Analyze(l, evs[0], dev)
 	out.Stacks = map[string]gpu.Stack{}
 	for i, g := range out.Report.Pinners {
 		if i == maxPinnerStacks {

@@ -72,6 +72,8 @@ type Job struct {
 	Original chan struct{}
 	Needed   WhatIf
 	Capacity uint64
+	// Device says the device the replays run on (Table.DeviceText).
+	Device string
 
 	// Takes is how many times the job was taken in the database before
 	// this answer (1 unless a process running it died).
@@ -124,10 +126,11 @@ type stored struct {
 	Variants []string `json:"variants"` // the rows' Variant
 	Needed   WhatIf   `json:"needed"`
 	Capacity uint64   `json:"capacity"`
+	Device   string   `json:"device"`
 }
 
 func (j *Job) stored() []byte {
-	s := stored{Table: j.Table, Needed: j.Needed, Capacity: j.Capacity}
+	s := stored{Table: j.Table, Needed: j.Needed, Capacity: j.Capacity, Device: j.Device}
 	for _, r := range j.Table.Rows {
 		s.Variants = append(s.Variants, r.Variant)
 	}
@@ -145,7 +148,7 @@ func (j *Job) load(b []byte) error {
 			s.Table.Rows[i].Variant = s.Variants[i]
 		}
 	}
-	j.Table, j.Needed, j.Capacity = s.Table, s.Needed, s.Capacity
+	j.Table, j.Needed, j.Capacity, j.Device = s.Table, s.Needed, s.Capacity, s.Device
 	return nil
 }
 
@@ -200,7 +203,7 @@ func (c *Jobs) run(k jobKey, j *Job, original func()) error {
 	if err == nil {
 		s := replay.FromRecording(rec)
 		s.Use(0, replay.DefaultCapacity)
-		j.Capacity = s.Capacity.Bytes
+		j.Capacity, j.Device = s.Capacity.Bytes, deviceText(s.Capacity)
 		j.Table, err = answer(s, func(row WhatIf) {
 			j.Needed = row
 			original()
