@@ -82,7 +82,7 @@ type Table struct {
 	// retries"), CapacitySource in a word.
 	CapacityFrom   string                `json:"capacity_from"`
 	CapacitySource replay.CapacitySource `json:"capacity_source"`
-	Requests     int    `json:"requests"`
+	Requests       int                   `json:"requests"`
 	// Limit is the per-process limit the recording ran under, inferred
 	// (nil when none): every row replays under it, and memory needed is
 	// that limit's smallest value that works.
