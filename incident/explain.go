@@ -38,6 +38,19 @@ type Explanation struct {
 	} `json:"window"`
 }
 
+// DeviceOf is what stream s, replayed, knows of its device and limit.
+func DeviceOf(s replay.Stream) Device {
+	var d Device
+	if s.Capacity.Source == replay.CapacityRecorded {
+		d.Capacity = s.Capacity.Bytes
+	}
+	d.Limit, d.LimitInferred = s.LimitBytes()
+	if d.LimitInferred {
+		d.LimitLow = s.Limit.Low
+	}
+	return d
+}
+
 // Explain analyzes incident n (from 1) of trace id from the layout right
 // after its oom event.
 func Explain(db Store, id string, n int) (Explanation, error) {
@@ -72,9 +85,7 @@ func Explain(db Store, id string, n int) (Explanation, error) {
 	if err != nil {
 		return out, err
 	}
-	s := replay.FromRecording(rec)
-	dev := Device{Capacity: t.Capacity}
-	dev.Limit, dev.LimitInferred = s.LimitBytes()
+	dev := DeviceOf(replay.FromRecording(rec))
 	out.Trace, out.N, out.Count, out.Incident = id, n, len(all), in
 	out.Report = Analyze(l, evs[0], dev)
 	out.Stacks = map[string]gpu.Stack{}

@@ -63,9 +63,11 @@ type Device struct {
 	// Capacity is the device's memory, 0 when the recording does not say.
 	Capacity uint64
 	// Limit is the per-process limit the allocator ran under (0: none);
-	// LimitInferred says it was read from the OOMs (replay.Stream.LimitBytes).
+	// LimitInferred says it was read from the OOMs (replay.Stream.LimitBytes):
+	// the most it can have been, and LimitLow the least.
 	Limit         uint64
 	LimitInferred bool
+	LimitLow      uint64
 }
 
 // PoolFree is the free memory of one pool and stream.
@@ -113,16 +115,20 @@ func Analyze(l *gpu.Layout, oom gpu.Event, dev Device) Report {
 		r.SegmentSize = (oom.Size + page - 1) / page * page
 	}
 	r.Figures = l.Figures()
-	limit := dev.Limit
+	limit, low := dev.Limit, dev.LimitLow
 	if ask, ok := replay.LimitRefused(oom, l.Rules.Expandable); ok {
 		r.LimitUnder = r.Reserved + ask
 		if limit == 0 || limit >= r.LimitUnder {
-			// Nothing better known: the most the limit can have been.
-			limit, dev.LimitInferred = r.LimitUnder-1, true
+			// Nothing better known: the most the limit can have been, and
+			// at least what the allocator held.
+			limit, low, dev.LimitInferred = r.LimitUnder-1, r.Reserved, true
 		}
 	}
 	r.LimitInferred = limit > 0 && dev.LimitInferred
-	r.Room = RoomOf(l, r.Requested, r.DeviceFree, limit)
+	if !r.LimitInferred {
+		low = 0
+	}
+	r.Room = RoomOf(l, r.Requested, r.DeviceFree, limit, low)
 	r.NotAllocated = r.Room.NotAllocated()
 	if r.Capacity > 0 {
 		r.Outside = r.Capacity - min(r.Capacity, r.Reserved+r.DeviceFree)
@@ -207,7 +213,8 @@ func Analyze(l *gpu.Layout, oom gpu.Event, dev Device) Report {
 	r.Device = r.deviceText()
 	switch {
 	case r.Room.Limit > 0 && r.LimitInferred:
-		r.Limit = gpu.FormatBytes(r.Room.Limit) + ", the most it can have been: inferred from the recording's OOMs (set_per_process_memory_fraction is not recorded)"
+		low, high := gpu.FormatApart(gpu.FormatBytes, r.Room.LimitLow, r.Room.Limit)
+		r.Limit = "between " + low + " and " + high + ", inferred from the recording (set_per_process_memory_fraction is not recorded); the what-if replays under the most it can have been"
 	case r.Room.Limit > 0:
 		r.Limit = gpu.FormatBytes(r.Room.Limit) + ", as recorded"
 	}
@@ -230,22 +237,29 @@ func (r *Report) verdict(oom gpu.Event) string {
 		pieces = append(pieces, r.headroomText())
 	}
 	in := strings.Join(pieces, " and ")
+	pinned := ""
+	if n := len(r.Pinned); n > 0 {
+		pinned = fmt.Sprintf(" %d split %s could not be released.", n, plural(n, "segment", "segments"))
+	}
 	var v string
-	if r.Kind == KindFragmentation {
-		v = fmt.Sprintf("Fragmentation: %s was asked for and %s was not allocated, but in pieces: %s. No piece held the request", need, notAllocated, in)
-		if n := len(r.Pinned); n > 0 {
-			v += fmt.Sprintf("; %d split %s could not be released", n, plural(n, "segment", "segments"))
-		}
-		v += "."
-	} else {
+	switch r.Kind {
+	case KindFragmentation:
+		v = fmt.Sprintf("Fragmentation: %s was asked for and %s was not allocated, but in pieces: %s. No piece held the request.%s", need, notAllocated, in, pinned)
+	case KindShortage:
 		v = fmt.Sprintf("A real shortage: %s was asked for and only %s was not allocated (%s): even in one piece it would not fit. "+
 			"Less must be allocated by then, or more memory allowed.", need, notAllocated, in)
+	default:
+		low, high := gpu.FormatApart(gpu.FormatBytes, room.LimitLow, room.Limit)
+		v = fmt.Sprintf("Fragmentation or a real shortage, as the per-process limit was: %s was asked for with %s cached (the largest free block %s), "+
+			"and the limit, which the recording does not say, was between %s and %s. From a limit of %s up, the cached memory and what the limit left "+
+			"unreserved add up to the request: the memory was there, in pieces (fragmentation); under it, a real shortage.%s",
+			gpu.FormatBytes(room.Need), gpu.FormatBytes(room.Cached), gpu.FormatBytes(room.Largest), low, high, gpu.FormatBytes(room.Threshold()), pinned)
 	}
 	switch {
 	case r.LimitUnder > 0 && !r.LimitInferred:
 		v += fmt.Sprintf(" The per-process limit of %s refused the new %s segment, not the device, which had %s free.",
 			gpu.FormatBytes(r.Room.Limit), gpu.FormatBytes(gpu.AllocationSize(oom.Size)), gpu.FormatBytes(r.DeviceFree))
-	case r.LimitUnder > 0:
+	case r.LimitUnder > 0 && r.Kind != KindEither:
 		v += fmt.Sprintf(" A per-process limit refused the new %s segment, not the device, which had %s free: "+
 			"the limit (set_per_process_memory_fraction, which the recording does not say) was under %s.",
 			gpu.FormatBytes(gpu.AllocationSize(oom.Size)), gpu.FormatBytes(r.DeviceFree), gpu.FormatBytes(r.LimitUnder))

@@ -63,7 +63,7 @@ func TestScenarioDIsFragmentation(t *testing.T) {
 		t.Fatalf("kind %s: %s", r.Kind, r.Verdict)
 	}
 	want := "Fragmentation: 10.00 MiB was asked for and 42.00 MiB was not allocated, but in pieces: 42.00 MiB cached (the largest free block 8.00 MiB). " +
-		"No piece held the request; 3 split segments could not be released."
+		"No piece held the request. 3 split segments could not be released."
 	if r.Verdict != want {
 		t.Errorf("verdict %q\nwant    %q", r.Verdict, want)
 	}

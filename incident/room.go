@@ -2,10 +2,13 @@ package incident
 
 import "vramscope/gpu"
 
-// The two kinds of OOM.
+// The kinds of OOM. KindEither is an OOM under a per-process limit the
+// recording does not say, only bounds: fragmentation under the limits at
+// the top of its range, a shortage under those at the bottom.
 const (
 	KindFragmentation = "fragmentation"
 	KindShortage      = "shortage"
+	KindEither        = "either"
 )
 
 // Room is what the allocator had for a request it refused: the memory it
@@ -16,27 +19,42 @@ const (
 type Room struct {
 	// Need is the request, rounded as the allocator rounds it.
 	Need uint64 `json:"need_bytes"`
-	// Cached is the reserved memory in free blocks, Largest the largest
-	// of them.
-	Cached  uint64 `json:"cached_bytes"`
-	Largest uint64 `json:"largest_cached_bytes"`
-	// Headroom is what could still have been reserved; Limit the
-	// per-process limit it was read under (0: none, the device's free
-	// memory is the headroom).
-	Headroom uint64 `json:"headroom_bytes"`
-	Limit    uint64 `json:"limit_bytes,omitempty"`
+	// Reserved is what the allocator held; Cached the part of it in free
+	// blocks, Largest the largest of them.
+	Reserved uint64 `json:"reserved_bytes"`
+	Cached   uint64 `json:"cached_bytes"`
+	Largest  uint64 `json:"largest_cached_bytes"`
+	// DeviceFree is what the device had free; Headroom what could still
+	// have been reserved: that, or under a per-process limit of Limit
+	// bytes what the limit left, if less.
+	DeviceFree uint64 `json:"device_free_bytes"`
+	Headroom   uint64 `json:"headroom_bytes"`
+	Limit      uint64 `json:"limit_bytes,omitempty"`
+	// LimitLow, when not 0, says the limit is not known, only bounded:
+	// it was between LimitLow and Limit, the most it can have been
+	// (inferred from the recording, replay.Limit), which Headroom reads.
+	LimitLow uint64 `json:"limit_low_bytes,omitempty"`
 }
 
 // RoomOf is the room of a layout l right after an OOM asking need bytes,
 // with deviceFree free on the device and a per-process limit of limit
-// bytes (0: none).
-func RoomOf(l *gpu.Layout, need, deviceFree, limit uint64) Room {
+// bytes (0: none), known to be at least limitLow when not 0.
+func RoomOf(l *gpu.Layout, need, deviceFree, limit, limitLow uint64) Room {
 	f := l.Figures()
-	r := Room{Need: need, Cached: f.CachedFree, Largest: f.LargestFree, Headroom: deviceFree, Limit: limit}
-	if limit > 0 {
-		r.Headroom = min(deviceFree, limit-min(limit, f.Reserved))
+	r := Room{Need: need, Reserved: f.Reserved, Cached: f.CachedFree, Largest: f.LargestFree, DeviceFree: deviceFree, Limit: limit}
+	r.Headroom = r.headroomUnder(limit)
+	if limit > 0 && limitLow > 0 && limitLow < limit {
+		r.LimitLow = limitLow
 	}
 	return r
+}
+
+// headroomUnder is what a limit of limit bytes (0: none) leaves.
+func (r Room) headroomUnder(limit uint64) uint64 {
+	if limit == 0 {
+		return r.DeviceFree
+	}
+	return min(r.DeviceFree, limit-min(limit, r.Reserved))
 }
 
 // NotAllocated is every byte the request could have had: cached and
@@ -47,10 +65,19 @@ func (r Room) NotAllocated() uint64 { return r.Cached + r.Headroom }
 // verdict and the what-if alike: a request is a shortage only if it could
 // not be served even with every byte not allocated (cached, and what could
 // still be reserved) in one piece; otherwise the memory was there, in
-// pieces, and it is fragmentation.
+// pieces, and it is fragmentation. Under a limit known only by its bounds
+// it is KindEither when the bounds disagree.
 func (r Room) Kind() string {
-	if r.NotAllocated() < r.Need {
+	switch {
+	case r.NotAllocated() < r.Need:
 		return KindShortage
+	case r.LimitLow > 0 && r.Cached+r.headroomUnder(r.LimitLow) < r.Need:
+		return KindEither
 	}
 	return KindFragmentation
 }
+
+// Threshold is, under a limit, the least limit under which the request is
+// fragmentation: what was reserved, plus what the cached memory lacks of
+// the request.
+func (r Room) Threshold() uint64 { return r.Reserved + r.Need - min(r.Need, r.Cached) }

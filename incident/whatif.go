@@ -345,7 +345,11 @@ func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) 
 			var room Room
 			if ooms := p.OOMs(); len(ooms) > before && ooms[len(ooms)-1].Err != nil {
 				e := ooms[len(ooms)-1].Err
-				room = RoomOf(l, e.Rounded, e.DeviceFree, e.Allowed)
+				var low uint64
+				if s.Limit.Bytes > 0 && e.Allowed == s.Limit.Bytes {
+					low = s.Limit.Low // inferred: known only between the two
+				}
+				room = RoomOf(l, e.Rounded, e.DeviceFree, e.Allowed, low)
 			}
 			w.RoomAtOOM = append(w.RoomAtOOM, room)
 			next++
@@ -431,17 +435,33 @@ func (t Table) fix(r WhatIf) string {
 	if r.LowestThatRuns > 0 {
 		format = gpu.FormatMiB
 	}
-	allowed, what := t.allowed()
-	need, has := gpu.FormatApart(format, r.CapacityNeeded, allowed)
-	s := set + ": it serves this request, and the whole run needs " + need + " with it"
+	s := set + ": it serves this request, and the whole run needs "
+	edge := ""
 	if r.LowestThatRuns > 0 {
-		s += " (it also runs under " + gpu.FormatMiB(r.LowestThatRuns) + " but not under " + gpu.FormatMiB(r.FailsAt) + ")"
+		edge = " (it also runs under " + gpu.FormatMiB(r.LowestThatRuns) + " but not under " + gpu.FormatMiB(r.FailsAt) + ")"
 	}
-	switch {
-	case r.CapacityNeeded <= allowed:
-		s += ", less than the " + has + " " + what
-	default:
-		s += ", more than the " + has + " " + what + ", so it fails later unless less is allocated or more allowed"
+	if t.LimitInferred && t.Limit != nil {
+		// Only bounds are known: say where the memory needed falls.
+		low, high := t.Limit.Low, t.LimitBytes
+		need, hi := gpu.FormatApart(format, r.CapacityNeeded, high)
+		lo := format(low)
+		switch {
+		case r.CapacityNeeded <= low:
+			s += need + " with it" + edge + ": less than the limit can have been (it was between " + lo + " and " + hi + ", inferred)"
+		case r.CapacityNeeded > high:
+			s += need + " with it" + edge + ", more than the limit can have been (under " + hi + "), so it fails later unless less is allocated or more allowed"
+		default:
+			s += need + " with it" + edge + ": it runs if your limit is at least that (the recording's was between " + lo + " and " + hi + ", inferred)"
+		}
+	} else {
+		allowed, what := t.allowed()
+		need, has := gpu.FormatApart(format, r.CapacityNeeded, allowed)
+		s += need + " with it" + edge
+		if r.CapacityNeeded <= allowed {
+			s += ", less than the " + has + " " + what
+		} else {
+			s += ", more than the " + has + " " + what + ", so it fails later unless less is allocated or more allowed"
+		}
 	}
 	if t.EndsAtOOM {
 		s += ", as far as the recording goes"

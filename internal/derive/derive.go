@@ -8,6 +8,7 @@ package derive
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 
@@ -16,6 +17,7 @@ import (
 	"vramscope/gpu/sim"
 	"vramscope/pytorch"
 	"vramscope/replay"
+	"vramscope/tracer"
 )
 
 // Run is where a derived recording runs.
@@ -68,14 +70,8 @@ func UntilOOM(s replay.Stream, run Run) ([]byte, error) {
 	}
 	p := replay.NewReplayer(a)
 	p.SetTime = func(t int64) { now = t }
-	for i, r := range s.Requests {
-		r.OOM = false
-		if err := p.Step(i, r); err != nil {
-			return nil, err
-		}
-		if len(p.OOMs()) > 0 {
-			break
-		}
+	if _, err := untilOOM(p, s.Requests); err != nil {
+		return nil, err
 	}
 	p.Result()
 	final := gpu.NewLayout(cfg.Rules)
@@ -96,4 +92,45 @@ func Snapshot(t *pytorch.Trace) ([]byte, error) {
 		return nil, err
 	}
 	return b.Bytes(), nil
+}
+
+// Workload is a job that makes the requests of s, which must start from
+// an empty device, with their frames, until the first OOM, which ends it:
+// the recording a stored trace of it keeps (testkit.Record) has its
+// settings and device.
+func Workload(s replay.Stream) tracer.Workload {
+	return tracer.WorkloadFunc(func(_ context.Context, env *tracer.Env) error {
+		if s.Initial != nil && len(s.Initial.Segments) > 0 {
+			return errors.New("derive: the recording does not start from an empty device")
+		}
+		// A new trace numbers distinct stacks 1..n in order, as the
+		// stream does: the requests' ids hold.
+		for i, st := range s.Stacks {
+			if env.Stacks != nil && env.Stacks.Stack(st) != gpu.StackID(i+1) {
+				return fmt.Errorf("derive: stack %d of the stream is another in the trace", i+1)
+			}
+		}
+		p := replay.NewReplayer(env.Alloc)
+		p.SetTime = func(t int64) { env.Clock.US = t }
+		oom, err := untilOOM(p, s.Requests)
+		if err == nil && oom != nil {
+			return oom
+		}
+		return err
+	})
+}
+
+// untilOOM steps p through reqs until the first OOM, and returns it.
+func untilOOM(p *replay.Replayer, reqs []replay.Request) (*caching.OutOfMemoryError, error) {
+	defer p.Result()
+	for i, r := range reqs {
+		r.OOM = false
+		if err := p.Step(i, r); err != nil {
+			return nil, err
+		}
+		if ooms := p.OOMs(); len(ooms) > 0 {
+			return ooms[0].Err, nil
+		}
+	}
+	return nil, nil
 }
