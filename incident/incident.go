@@ -290,6 +290,9 @@ func (r *Report) deviceText() string {
 		return s + fmt.Sprintf(". The recording does not say the device's size: whatever it has beyond these %s was held outside this allocator (the CUDA context, another process or library).",
 			gpu.FormatBytes(r.Reserved+r.DeviceFree))
 	}
+	if r.Outside == 0 {
+		return s + fmt.Sprintf(", the whole of the %s device: nothing else held it.", gpu.FormatBytes(r.Capacity))
+	}
 	return s + fmt.Sprintf("; the rest of the %s device, %s, was held outside this allocator (the CUDA context, another process or library).",
 		gpu.FormatBytes(r.Capacity), gpu.FormatBytes(r.Outside))
 }

@@ -76,12 +76,13 @@ function showReport(d) {
   const box = document.getElementById("pinners");
   box.replaceChildren();
   if (!groups.length) box.append(el("p", {}, "No live allocation pins a split segment."));
-  for (const g of groups.slice(0, MAX_ROWS)) {
+  for (const [i, g] of groups.slice(0, MAX_ROWS).entries()) {
     const frames = d.stacks[String(g.stack)];
     const list = el("div", {}, frames || !g.stack ? framesList(frames, { max: STACK_FRAMES }) : el("p", { class: "dim" }, "Stack #" + g.stack + " (not loaded)"));
     const head = el("summary", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`);
-    // Each stack folded under its line: the list reads as a table of them.
-    box.append(el("details", { class: "pinner" }, head, list));
+    // Each stack folded under its line, the first (the most segments)
+    // open: the list reads as a table of them.
+    box.append(el("details", { class: "pinner", open: i === 0 }, head, list));
     // The stack sorted for people: C++ and interpreter frames folded, the
     // first user frame as its label, long stacks cut to STACK_FRAMES.
     if (g.stack) {

@@ -45,7 +45,7 @@ export function whatIfTable(w, oom) {
   w.rows.forEach((r, i) => {
     // The settings as written, then what they do (a fraction added only
     // to turn garbage collection on must not read as a limit lifted).
-    const tr = el("tr", {}, el("td", { class: "setting" }, (r.alloc_conf || "(defaults)") + (i === 0 ? " [original]" : ""),
+    const tr = el("tr", {}, el("td", { class: "setting" }, el("span", { class: "conf" }, (r.alloc_conf || "(defaults)") + (i === 0 ? " [original]" : "")),
       r.what ? el("div", { class: "dim what" }, r.what) : null));
     if (k >= 0) {
       const served = r.ooms.every((o) => o.index !== oom);
