@@ -338,3 +338,24 @@ func TestRuleOnEveryRealRecording(t *testing.T) {
 
 // h200 is the memory of the H200 the 2.11 recordings were made on.
 const h200 = 150109880320
+
+// TestDeviceAsTheRecordingKnowsIt: what this allocator reserved and what
+// the device had free at the OOM, and the rest of a device whose size is
+// recorded, held outside the allocator; a snapshot's device size is not
+// made up from the two.
+func TestDeviceAsTheRecordingKnowsIt(t *testing.T) {
+	// Another library holds all but 60 MiB of the H200: the allocator
+	// sees a 60 MiB device.
+	rec := run{reqs: append(sixes(), malloc(7, 50*MiB)), capacity: 60 * MiB}.record(t)
+	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), rec.Events)
+	r := Analyze(l, oom, Device{Capacity: h200})
+	if r.Outside != h200-60*MiB || r.Device != "This allocator had reserved 40.00 MiB and the device had 20.00 MiB free at the OOM; "+
+		"the rest of the 139.80 GiB device, 139.74 GiB, was held outside this allocator (the CUDA context, another process or library)." {
+		t.Errorf("outside %d: %q", r.Outside, r.Device)
+	}
+	r = Analyze(l, oom, Device{})
+	if r.Capacity != 0 || r.Outside != 0 || !strings.HasSuffix(r.Device, "The recording does not say the device's size: whatever it has beyond these 60.00 MiB "+
+		"was held outside this allocator (the CUDA context, another process or library).") {
+		t.Errorf("capacity %d, outside %d: %q", r.Capacity, r.Outside, r.Device)
+	}
+}

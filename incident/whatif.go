@@ -409,7 +409,13 @@ func (t Table) ForOOM(k int) (f ForOOM, ok bool) {
 	case len(f.ServedBy) > 0:
 		f.Fix = "Each setting that serves this request runs out of memory later, on every device tried."
 	case f.Kind == KindShortage:
-		f.Fix = "No setting serves this request: less must be allocated by then (a smaller batch, activation checkpointing), or more memory allowed."
+		f.Fix = "No setting serves this request: less must be allocated by then (a smaller batch, activation checkpointing), or more memory allowed"
+		if orig := t.Rows[0]; orig.CapacityNeeded > 0 && orig.LowestThatRuns == 0 {
+			allowed, what := t.allowed()
+			need, has := gpu.FormatApart(gpu.FormatBytes, orig.CapacityNeeded, allowed)
+			f.Fix += "; the whole run needs " + need + " with the recorded settings, against the " + has + " " + what
+		}
+		f.Fix += "."
 	default:
 		f.Fix = "None of the settings tried would have served this request."
 	}
