@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -133,4 +134,38 @@ func untilOOM(p *replay.Replayer, reqs []replay.Request) (*caching.OutOfMemoryEr
 		}
 	}
 	return nil, nil
+}
+
+// Scaled is s with the size of each malloc that keep does not keep
+// multiplied by factor: the same program at factor times the batch, for
+// the sizes that follow it.
+func Scaled(s replay.Stream, factor uint64, keep func(i int, r replay.Request) bool) replay.Stream {
+	s.Requests = slices.Clone(s.Requests)
+	for i := range s.Requests {
+		if r := &s.Requests[i]; r.Op == replay.OpMalloc && !keep(i, *r) {
+			r.Size *= factor
+		}
+	}
+	return s
+}
+
+// FreesReordered is s with each run of frees that follow one another (no
+// other call between them) in the reverse order: the same program freeing
+// as another process of it may, its gradient buckets' all-reduces done in
+// another order. A deferred free's completion stays after it.
+func FreesReordered(s replay.Stream) replay.Stream {
+	s.Requests = slices.Clone(s.Requests)
+	for i := 0; i < len(s.Requests); {
+		j := i
+		for j < len(s.Requests) && s.Requests[j].Op == replay.OpFree {
+			j++
+		}
+		if j > i {
+			slices.Reverse(s.Requests[i:j])
+			i = j
+		} else {
+			i++
+		}
+	}
+	return s
 }
