@@ -101,7 +101,7 @@ func Answer(d Dim, recs []Recording, o Options) (*Result, error) {
 	for _, c := range recs[d.Recordings():] {
 		for _, o := range recs[:d.Recordings()] {
 			if o.At == c.At {
-				return nil, fmt.Errorf("%s and %s are both at %s %d", o.Name, c.Name, d, c.At)
+				return nil, fmt.Errorf("%s and %s are both at %s %d: %w", o.Name, c.Name, d, c.At, ErrSameValue)
 			}
 		}
 	}

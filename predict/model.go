@@ -9,6 +9,7 @@ package predict
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -46,6 +47,9 @@ func (d Dim) Formula() string {
 	}
 	return "a + b·batch"
 }
+
+// ErrSameValue refuses two recordings given at one value.
+var ErrSameValue = errors.New("a fit takes distinct values")
 
 // Recording is one recording of the job and the value it was recorded at.
 type Recording struct {
@@ -120,7 +124,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 		}
 		for _, o := range recs[:i] {
 			if o.At == r.At {
-				return nil, fmt.Errorf("%s and %s are both at %s %d: a fit takes distinct values", o.Name, r.Name, d, r.At)
+				return nil, fmt.Errorf("%s and %s are both at %s %d: %w", o.Name, r.Name, d, r.At, ErrSameValue)
 			}
 		}
 	}

@@ -207,7 +207,7 @@ func (s *Server) apiPredict(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case errors.Is(j.err, predict.ErrNotSameProgram):
+	case errors.Is(j.err, predict.ErrNotSameProgram), errors.Is(j.err, predict.ErrSameValue):
 		writeError(w, http.StatusUnprocessableEntity, "%v", j.err)
 	case j.err != nil:
 		writeError(w, http.StatusInternalServerError, "prediction: %v", j.err)
