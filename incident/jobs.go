@@ -56,9 +56,14 @@ type jobKey struct {
 
 func (k jobKey) String() string { return JobKey(k.id, k.lastSeq) }
 
+// jobPrefix begins the database's keys of what-if jobs; its number counts
+// the forms of their answers, so that an answer kept in an older form (its
+// rows without what the page now reads) is computed again, not shown.
+const jobPrefix = "whatif2/"
+
 // JobKey is the database's key (store.TakeJob) of the what-if job of
 // trace id as it stands with lastSeq its last event.
-func JobKey(id string, lastSeq int64) string { return fmt.Sprintf("whatif/%s/%d", id, lastSeq) }
+func JobKey(id string, lastSeq int64) string { return fmt.Sprintf("%s%s/%d", jobPrefix, id, lastSeq) }
 
 // Job is one what-if computation; Done closes when Table or Err is set.
 // Original closes first, once the replays under the recorded settings
@@ -232,14 +237,14 @@ func (c *Jobs) Adopt() bool {
 		return false
 	}
 	var k jobKey
-	rest, _ := strings.CutPrefix(st.Key, "whatif/")
+	rest, ours := strings.CutPrefix(st.Key, jobPrefix)
 	i := strings.LastIndexByte(rest, '/')
-	if i >= 0 {
+	if ours && i >= 0 {
 		k.id = rest[:i]
 		k.lastSeq, err = strconv.ParseInt(rest[i+1:], 10, 64)
 	}
-	if i < 0 || err != nil {
-		c.db.DropJob(st.Key) // no job of ours
+	if !ours || i < 0 || err != nil {
+		c.db.DropJob(st.Key) // no job of ours, or of an older form
 		return false
 	}
 	j := &Job{Done: make(chan struct{}), Original: make(chan struct{}), Takes: st.Takes, Here: true}
