@@ -554,13 +554,12 @@ func (t Table) Needed() string {
 }
 
 // deviceText says the device a stream replays on: "a simulated device of
-// 21.94 GiB (inferred from the OOM at event 1117: …)", or the recorded
-// one.
+// 21.01 GiB, inferred from 39 retries (…)", or the recorded one.
 func deviceText(c replay.Capacity) string {
 	if c.Source == replay.CapacityRecorded {
 		return "the recorded device of " + gpu.FormatBytes(c.Bytes)
 	}
-	return "a simulated device of " + gpu.FormatBytes(c.Bytes) + " (" + c.From() + ")"
+	return "a simulated device of " + gpu.FormatBytes(c.Bytes) + ", " + c.From()
 }
 
 // NeededFirst is what Needed says while only the recorded settings' row,

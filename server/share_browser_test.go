@@ -257,13 +257,13 @@ func testBrowserMemoryNeeded(t *testing.T) {
 	needed := within(t, ctx, "needed", chromedp.Text(`#needed .needed`))
 	status := within(t, ctx, "status", chromedp.Text(`#needed [role=status]`))
 	if !strings.HasPrefix(needed, "Needs ") || !strings.Contains(needed, " GiB with the recorded settings") ||
-		!strings.Contains(status, "capacity inferred from 39 retries") {
+		!strings.Contains(status, "replayed on a simulated device of 21.01 GiB, inferred from 39 retries (between 20.97 GiB and 21.01 GiB).") {
 		t.Fatalf("memory needed %q, status %q", needed, status)
 	}
 	// roundup_power2_divisions:4 makes the starting layout too large for
 	// the device: its row says why and shows no counts it did not make.
 	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
-		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
+		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => (td.querySelector(".conf") || td).textContent))`))
 	var stopped []string
 	for _, r := range rows {
 		if r[0] == "roundup_power2_divisions:4" {

@@ -329,7 +329,7 @@ func TestWhatIfPerOOMFromALog(t *testing.T) {
 		"expandable_segments:True would have served this request.",
 		"OOM at request 16 (shortage): No setting serves this request",
 		"None of the settings tried would have served this request.",
-		"Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (as a per-process limit). Replayed on a simulated device of 60.00 MiB (as given).",
+		"Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (as a per-process limit). Replayed on a simulated device of 60.00 MiB, as given.",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in\n%s", want, text)
