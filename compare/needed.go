@@ -60,7 +60,7 @@ func neededOf(j *incident.Job) Needed {
 	}
 	select {
 	case <-j.Original:
-		return Needed{Status: "done", Text: incident.NeededFirst(j.Needed, j.Capacity), Bytes: j.Needed.CapacityNeeded}
+		return Needed{Status: "done", Text: incident.NeededFirst(j.Needed, j.Device), Bytes: j.Needed.CapacityNeeded}
 	default:
 		return Needed{Status: "running", Text: "the what-if replays are still running"}
 	}

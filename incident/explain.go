@@ -5,6 +5,7 @@ import (
 	"strconv"
 
 	"vramscope/gpu"
+	"vramscope/replay"
 )
 
 // Store is what explaining a stored incident reads; the SQLite store has it.
@@ -25,20 +26,29 @@ const maxPinnerStacks = 50
 // Explanation is one stored OOM explained, with the frames of its pinning
 // stacks and the time window worth showing first.
 type Explanation struct {
-	Trace    string       `json:"trace"`
-	N        int          `json:"n"`
-	Count    int          `json:"count"`
-	Incident gpu.Incident `json:"incident"`
-	Report   Report       `json:"report"`
-	// CapacityEstimated: the trace lacks its device's capacity (snapshots
-	// do), so Report.Capacity is what the allocator held plus what the
-	// device had free at this OOM.
-	CapacityEstimated bool                 `json:"capacity_estimated"`
-	Stacks            map[string]gpu.Stack `json:"stacks"`
-	Window            struct {
+	Trace    string               `json:"trace"`
+	N        int                  `json:"n"`
+	Count    int                  `json:"count"`
+	Incident gpu.Incident         `json:"incident"`
+	Report   Report               `json:"report"`
+	Stacks   map[string]gpu.Stack `json:"stacks"`
+	Window   struct {
 		T0 int64 `json:"t0"`
 		T1 int64 `json:"t1"`
 	} `json:"window"`
+}
+
+// DeviceOf is what stream s, replayed, knows of its device and limit.
+func DeviceOf(s replay.Stream) Device {
+	var d Device
+	if s.Capacity.Source == replay.CapacityRecorded {
+		d.Capacity = s.Capacity.Bytes
+	}
+	d.Limit, d.LimitInferred = s.LimitBytes()
+	if d.LimitInferred {
+		d.LimitLow = s.Limit.Low
+	}
+	return d
 }
 
 // Explain analyzes incident n (from 1) of trace id from the layout right
@@ -68,13 +78,16 @@ func Explain(db Store, id string, n int) (Explanation, error) {
 	if err != nil {
 		return out, err
 	}
-	capacity := t.Capacity
-	if capacity == 0 {
-		capacity = l.Figures().Reserved + in.DeviceFree
-		out.CapacityEstimated = true
+	// The limit the what-if replays under (inferred from every OOM and
+	// retry of the recording, or recorded), so that the verdict and the
+	// what-if read one room.
+	rec, err := db.Recording(id)
+	if err != nil {
+		return out, err
 	}
+	dev := DeviceOf(replay.FromRecording(rec))
 	out.Trace, out.N, out.Count, out.Incident = id, n, len(all), in
-	out.Report = Analyze(l, evs[0], capacity)
+	out.Report = Analyze(l, evs[0], dev)
 	out.Stacks = map[string]gpu.Stack{}
 	for i, g := range out.Report.Pinners {
 		if i == maxPinnerStacks {

@@ -7,6 +7,7 @@ package incident
 import (
 	"fmt"
 	"sort"
+	"strings"
 
 	"vramscope/gpu"
 	"vramscope/replay"
@@ -24,23 +25,49 @@ type Report struct {
 	Requested   uint64 `json:"request_bytes"`
 	SegmentSize uint64 `json:"segment_bytes"`
 	DeviceFree  uint64 `json:"device_free_bytes"`
-	Capacity    uint64 `json:"capacity_bytes,omitempty"`
+	// Capacity is the device's memory where the recording says it (0:
+	// it does not; a PyTorch snapshot does not), and Outside what of it
+	// neither this allocator reserved nor was free at the OOM: held
+	// outside it (the CUDA context, another process or library).
+	Capacity uint64 `json:"capacity_bytes,omitempty"`
+	Outside  uint64 `json:"outside_bytes,omitempty"`
 
 	gpu.Figures
-	// NotAllocated is what the device and the cache held free together;
-	// under a per-process limit, what the cache held.
+	// Room is what the allocator had for the request; Kind reads it.
+	Room Room `json:"room"`
+	// NotAllocated is Room's every byte not allocated: cached, and what
+	// could still be reserved.
 	NotAllocated uint64 `json:"not_allocated_bytes"`
 	// LimitUnder, when not 0, says a per-process limit refused the
 	// request, not the device, which had the memory: the limit was under
 	// what the allocator held plus the segment it asked for.
 	LimitUnder uint64 `json:"limit_under_bytes,omitempty"`
+	// LimitInferred: Room.Limit is read from the recording's OOMs (the
+	// most it can have been), not recorded.
+	LimitInferred bool `json:"limit_inferred,omitempty"`
 
 	Pools   []PoolFree      `json:"pools"`
 	Pinned  []PinnedSegment `json:"pinned_segments"`
 	Pinners []StackGroup    `json:"pinners"`
 
-	Kind    string `json:"kind"` // "fragmentation" or "shortage"
+	Kind    string `json:"kind"` // KindFragmentation or KindShortage
 	Verdict string `json:"verdict"`
+	// Device says what the recording knows of the device at the OOM;
+	// Limit the per-process limit the room was read under ("" for none).
+	Device string `json:"device_text"`
+	Limit  string `json:"limit_text,omitempty"`
+}
+
+// Device is what is known of where an OOM happened.
+type Device struct {
+	// Capacity is the device's memory, 0 when the recording does not say.
+	Capacity uint64
+	// Limit is the per-process limit the allocator ran under (0: none);
+	// LimitInferred says it was read from the OOMs (replay.Stream.LimitBytes):
+	// the most it can have been, and LimitLow the least.
+	Limit         uint64
+	LimitInferred bool
+	LimitLow      uint64
 }
 
 // PoolFree is the free memory of one pool and stream.
@@ -76,9 +103,9 @@ type StackGroup struct {
 }
 
 // Analyze explains the oom event oom given the layout right after it (what
-// the allocator held when it gave up) and the device capacity (0 if unknown).
-func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
-	r := Report{Seq: oom.Seq, TimeUS: oom.TimeUS, Stream: oom.Stream, Requested: oom.Size, DeviceFree: oom.DeviceFree, Capacity: capacity}
+// the allocator held when it gave up) and what is known of the device.
+func Analyze(l *gpu.Layout, oom gpu.Event, dev Device) Report {
+	r := Report{Seq: oom.Seq, TimeUS: oom.TimeUS, Stream: oom.Stream, Requested: oom.Size, DeviceFree: oom.DeviceFree, Capacity: dev.Capacity}
 	r.SegmentSize = gpu.AllocationSize(oom.Size)
 	if l.Rules.Expandable {
 		page := uint64(gpu.LargeBuffer)
@@ -88,10 +115,23 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 		r.SegmentSize = (oom.Size + page - 1) / page * page
 	}
 	r.Figures = l.Figures()
-	r.NotAllocated = r.DeviceFree + r.CachedFree
+	limit, low := dev.Limit, dev.LimitLow
 	if ask, ok := replay.LimitRefused(oom, l.Rules.Expandable); ok {
 		r.LimitUnder = r.Reserved + ask
-		r.NotAllocated = r.CachedFree
+		if limit == 0 || limit >= r.LimitUnder {
+			// Nothing better known: the most the limit can have been, and
+			// at least what the allocator held.
+			limit, low, dev.LimitInferred = r.LimitUnder-1, r.Reserved, true
+		}
+	}
+	r.LimitInferred = limit > 0 && dev.LimitInferred
+	if !r.LimitInferred {
+		low = 0
+	}
+	r.Room = RoomOf(l, r.Requested, r.DeviceFree, limit, low)
+	r.NotAllocated = r.Room.NotAllocated()
+	if r.Capacity > 0 {
+		r.Outside = r.Capacity - min(r.Capacity, r.Reserved+r.DeviceFree)
 	}
 
 	type poolKey struct {
@@ -168,24 +208,98 @@ func Analyze(l *gpu.Layout, oom gpu.Event, capacity uint64) Report {
 		return r.Pinners[i].Stack < r.Pinners[j].Stack
 	})
 
-	need := r.Requested
-	if r.NotAllocated >= need {
-		r.Kind = "fragmentation"
-		r.Verdict = fmt.Sprintf("Fragmentation: %s cached free, largest hole %s, %s needed",
-			gpu.FormatBytes(r.CachedFree), gpu.FormatBytes(r.LargestFree), gpu.FormatBytes(need))
-		if r.DeviceFree > 0 && r.LimitUnder == 0 {
-			r.Verdict += fmt.Sprintf(" (and %s free on the device)", gpu.FormatBytes(r.DeviceFree))
-		}
-		r.Verdict += fmt.Sprintf(". %d split segments could not be released.", len(r.Pinned))
-	} else {
-		r.Kind = "shortage"
-		r.Verdict = fmt.Sprintf("A real shortage: only %s not allocated, %s needed.",
-			gpu.FormatBytes(r.NotAllocated), gpu.FormatBytes(need))
+	r.Kind = r.Room.Kind()
+	r.Verdict = r.verdict(oom)
+	r.Device = r.deviceText()
+	switch {
+	case r.Room.Limit > 0 && r.LimitInferred:
+		low, high := gpu.FormatApart(gpu.FormatBytes, r.Room.LimitLow, r.Room.Limit)
+		r.Limit = "between " + low + " and " + high + ", inferred from the recording (set_per_process_memory_fraction is not recorded); the what-if replays under the most it can have been"
+	case r.Room.Limit > 0:
+		r.Limit = gpu.FormatBytes(r.Room.Limit) + ", as recorded"
 	}
-	if r.LimitUnder > 0 {
-		r.Verdict += fmt.Sprintf(" A per-process limit refused the new %s segment, not the device, which had %s free: "+
+	return r
+}
+
+// verdict says the kind of OOM and why, in figures.
+func (r *Report) verdict(oom gpu.Event) string {
+	room := r.Room
+	need, notAllocated := gpu.FormatApart(gpu.FormatBytes, room.Need, room.NotAllocated())
+	var pieces []string
+	if room.Cached > 0 || room.Headroom == 0 {
+		c := gpu.FormatBytes(room.Cached) + " cached"
+		if room.Cached > 0 {
+			c += " (the largest free block " + gpu.FormatBytes(room.Largest) + ")"
+		}
+		pieces = append(pieces, c)
+	}
+	if room.Headroom > 0 {
+		pieces = append(pieces, r.headroomText())
+	}
+	in := strings.Join(pieces, " and ")
+	pinned := ""
+	if n := len(r.Pinned); n > 0 {
+		pinned = fmt.Sprintf(" %d split %s could not be released.", n, plural(n, "segment", "segments"))
+	}
+	var v string
+	switch r.Kind {
+	case KindFragmentation:
+		v = fmt.Sprintf("Fragmentation: %s was asked for and %s was not allocated, but in pieces: %s. No piece held the request.%s", need, notAllocated, in, pinned)
+	case KindShortage:
+		v = fmt.Sprintf("A real shortage: %s was asked for and only %s was not allocated (%s): even in one piece it would not fit. "+
+			"Less must be allocated by then, or more memory allowed.", need, notAllocated, in)
+	default:
+		low, high := gpu.FormatApart(gpu.FormatBytes, room.LimitLow, room.Limit)
+		v = fmt.Sprintf("Fragmentation or a real shortage, as the per-process limit was: %s was asked for with %s cached (the largest free block %s), "+
+			"and the limit, which the recording does not say, was between %s and %s. From a limit of %s up, the cached memory and what the limit left "+
+			"unreserved add up to the request: the memory was there, in pieces (fragmentation); under it, a real shortage.%s",
+			gpu.FormatBytes(room.Need), gpu.FormatBytes(room.Cached), gpu.FormatBytes(room.Largest), low, high, gpu.FormatBytes(room.Threshold()), pinned)
+	}
+	switch {
+	case r.LimitUnder > 0 && !r.LimitInferred:
+		v += fmt.Sprintf(" The per-process limit of %s refused the new %s segment, not the device, which had %s free.",
+			gpu.FormatBytes(r.Room.Limit), gpu.FormatBytes(gpu.AllocationSize(oom.Size)), gpu.FormatBytes(r.DeviceFree))
+	case r.LimitUnder > 0 && r.Kind != KindEither:
+		v += fmt.Sprintf(" A per-process limit refused the new %s segment, not the device, which had %s free: "+
 			"the limit (set_per_process_memory_fraction, which the recording does not say) was under %s.",
 			gpu.FormatBytes(gpu.AllocationSize(oom.Size)), gpu.FormatBytes(r.DeviceFree), gpu.FormatBytes(r.LimitUnder))
 	}
-	return r
+	return v
+}
+
+// headroomText is what could still have been reserved, in words.
+func (r *Report) headroomText() string {
+	h := gpu.FormatBytes(r.Room.Headroom)
+	switch {
+	case r.Room.Limit == 0:
+		return h + " free on the device"
+	case r.LimitInferred:
+		// The limit is the most it can have been: what it left, the most
+		// it can have left.
+		return "up to " + h + " never reserved under the per-process limit"
+	}
+	return h + " never reserved under the per-process limit of " + gpu.FormatBytes(r.Room.Limit)
+}
+
+// deviceText says what the recording knows of the device at the OOM: what
+// this allocator reserved, what was free, and the rest, held outside the
+// allocator, where the device's size is known.
+func (r *Report) deviceText() string {
+	s := fmt.Sprintf("This allocator had reserved %s and the device had %s free at the OOM", gpu.FormatBytes(r.Reserved), gpu.FormatBytes(r.DeviceFree))
+	if r.Capacity == 0 {
+		return s + fmt.Sprintf(". The recording does not say the device's size: whatever it has beyond these %s was held outside this allocator (the CUDA context, another process or library).",
+			gpu.FormatBytes(r.Reserved+r.DeviceFree))
+	}
+	if r.Outside == 0 {
+		return s + fmt.Sprintf(", the whole of the %s device: nothing else held it.", gpu.FormatBytes(r.Capacity))
+	}
+	return s + fmt.Sprintf("; the rest of the %s device, %s, was held outside this allocator (the CUDA context, another process or library).",
+		gpu.FormatBytes(r.Capacity), gpu.FormatBytes(r.Outside))
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }

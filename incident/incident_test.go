@@ -58,11 +58,12 @@ func atFirstOOM(t *testing.T, initial *gpu.Layout, events []gpu.Event) (*gpu.Lay
 func TestScenarioDIsFragmentation(t *testing.T) {
 	events := record(t, testkit.ScenarioD(), 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
-	r := Analyze(l, oom, 60*MiB)
+	r := Analyze(l, oom, Device{Capacity: 60 * MiB})
 	if r.Kind != "fragmentation" {
 		t.Fatalf("kind %s: %s", r.Kind, r.Verdict)
 	}
-	want := "Fragmentation: 42.00 MiB cached free, largest hole 8.00 MiB, 10.00 MiB needed. 3 split segments could not be released."
+	want := "Fragmentation: 10.00 MiB was asked for and 42.00 MiB was not allocated, but in pieces: 42.00 MiB cached (the largest free block 8.00 MiB). " +
+		"No piece held the request. 3 split segments could not be released."
 	if r.Verdict != want {
 		t.Errorf("verdict %q\nwant    %q", r.Verdict, want)
 	}
@@ -96,8 +97,8 @@ func TestShortageIsNotFragmentation(t *testing.T) {
 	}
 	events := record(t, reqs, 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
-	r := Analyze(l, oom, 60*MiB)
-	if r.Kind != "shortage" || r.Verdict != "A real shortage: only 2.00 MiB not allocated, 10.00 MiB needed." {
+	r := Analyze(l, oom, Device{Capacity: 60 * MiB})
+	if r.Kind != "shortage" || !strings.HasPrefix(r.Verdict, "A real shortage: 10.00 MiB was asked for and only 2.00 MiB was not allocated (2.00 MiB free on the device): even in one piece it would not fit.") {
 		t.Errorf("%s: %q", r.Kind, r.Verdict)
 	}
 	_, ws, err := WhatIfs(onDevice(replay.FromEvents(nil, events), 60*MiB), Variants, 2)
@@ -136,7 +137,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 		if !ok || capacity < l.Figures().Reserved {
 			t.Errorf("%s: capacity estimate %d", c.file, capacity)
 		}
-		r := Analyze(l, oom, capacity)
+		r := Analyze(l, oom, Device{})
 		if r.Verdict == "" || r.Requested != oom.Size || r.DeviceFree != oom.DeviceFree {
 			t.Errorf("%s: %+v", c.file, r)
 		}
@@ -180,7 +181,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 func TestReportJSONKeepsBothRequests(t *testing.T) {
 	events := record(t, testkit.ScenarioD(), 60*MiB, "")
 	l, oom := atFirstOOM(t, gpu.NewLayout(gpu.DefaultRules()), events)
-	b, err := json.Marshal(Analyze(l, oom, 60*MiB))
+	b, err := json.Marshal(Analyze(l, oom, Device{Capacity: 60 * MiB}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +230,7 @@ func TestWhatIfPerOOM(t *testing.T) {
 	if len(second.ServedBy) != 0 || second.Sentences[0] != "None of the settings tried would have served this request." {
 		t.Errorf("second OOM: %+v", second)
 	}
-	if want := "Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (the device has 60.00 MiB)."; table.Needed() != want {
+	if want := "Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (as a per-process limit)."; table.Needed() != want {
 		t.Errorf("needed %q\nwant   %q", table.Needed(), want)
 	}
 	if _, ok := table.ForOOM(2); ok {
@@ -267,7 +268,9 @@ func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
 	if n := table.Rows[0].CapacityNeeded; n != 5299503104 {
 		t.Errorf("needs %d B with the recorded settings, the real allocator 5,299,503,104", n)
 	}
-	if n := table.Needed(); !strings.Contains(n, "as a per-process limit; the recording ran under one of 4.94 GiB") ||
+	// The limit inferred is the most it can have been, a byte under what
+	// the run needs: the two figures read apart, in one unit.
+	if n := table.Needed(); !strings.Contains(n, "The recording ran under a per-process limit of 5,299,503,103 B (inferred): the recorded settings need 5,299,503,104 B, more than the limit.") ||
 		!strings.HasSuffix(n, "The recording ends at its OOM: these figures cover the 5831 requests it holds, not what the job would have asked after it.") {
 		t.Errorf("needed: %q", n)
 	}
@@ -297,11 +300,11 @@ func TestEndsAtOOM(t *testing.T) {
 
 // A non-monotone edge's limits, 2 MiB apart, read apart in words.
 func TestNeededEdgeInMiB(t *testing.T) {
-	got := needed(WhatIf{AllocConf: "expandable_segments:True", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200})
+	got := neededText(WhatIf{AllocConf: "expandable_segments:True", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200}, gpu.FormatBytes)
 	if want := "3452 MiB (it also runs under 3448 MiB but not under 3450 MiB: the allocator asks a limit for whole segments)"; got != want {
 		t.Errorf("%q\nwant %q", got, want)
 	}
-	got = needed(WhatIf{AllocConf: "max_split_size_mb:32", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200})
+	got = neededText(WhatIf{AllocConf: "max_split_size_mb:32", CapacityNeeded: 3619684352, LowestThatRuns: 3615490048, FailsAt: 3617587200}, gpu.FormatBytes)
 	if !strings.HasSuffix(got, ": under a lower limit the allocator gives its cached segments back sooner)") {
 		t.Errorf("%q", got)
 	}

@@ -56,9 +56,14 @@ type jobKey struct {
 
 func (k jobKey) String() string { return JobKey(k.id, k.lastSeq) }
 
+// jobPrefix begins the database's keys of what-if jobs; its number counts
+// the forms of their answers, so that an answer kept in an older form (its
+// rows without what the page now reads) is computed again, not shown.
+const jobPrefix = "whatif2/"
+
 // JobKey is the database's key (store.TakeJob) of the what-if job of
 // trace id as it stands with lastSeq its last event.
-func JobKey(id string, lastSeq int64) string { return fmt.Sprintf("whatif/%s/%d", id, lastSeq) }
+func JobKey(id string, lastSeq int64) string { return fmt.Sprintf("%s%s/%d", jobPrefix, id, lastSeq) }
 
 // Job is one what-if computation; Done closes when Table or Err is set.
 // Original closes first, once the replays under the recorded settings
@@ -72,6 +77,8 @@ type Job struct {
 	Original chan struct{}
 	Needed   WhatIf
 	Capacity uint64
+	// Device says the device the replays run on (Table.DeviceText).
+	Device string
 
 	// Takes is how many times the job was taken in the database before
 	// this answer (1 unless a process running it died).
@@ -124,10 +131,11 @@ type stored struct {
 	Variants []string `json:"variants"` // the rows' Variant
 	Needed   WhatIf   `json:"needed"`
 	Capacity uint64   `json:"capacity"`
+	Device   string   `json:"device"`
 }
 
 func (j *Job) stored() []byte {
-	s := stored{Table: j.Table, Needed: j.Needed, Capacity: j.Capacity}
+	s := stored{Table: j.Table, Needed: j.Needed, Capacity: j.Capacity, Device: j.Device}
 	for _, r := range j.Table.Rows {
 		s.Variants = append(s.Variants, r.Variant)
 	}
@@ -145,7 +153,7 @@ func (j *Job) load(b []byte) error {
 			s.Table.Rows[i].Variant = s.Variants[i]
 		}
 	}
-	j.Table, j.Needed, j.Capacity = s.Table, s.Needed, s.Capacity
+	j.Table, j.Needed, j.Capacity, j.Device = s.Table, s.Needed, s.Capacity, s.Device
 	return nil
 }
 
@@ -200,7 +208,7 @@ func (c *Jobs) run(k jobKey, j *Job, original func()) error {
 	if err == nil {
 		s := replay.FromRecording(rec)
 		s.Use(0, replay.DefaultCapacity)
-		j.Capacity = s.Capacity.Bytes
+		j.Capacity, j.Device = s.Capacity.Bytes, deviceText(s.Capacity)
 		j.Table, err = answer(s, func(row WhatIf) {
 			j.Needed = row
 			original()
@@ -229,14 +237,14 @@ func (c *Jobs) Adopt() bool {
 		return false
 	}
 	var k jobKey
-	rest, _ := strings.CutPrefix(st.Key, "whatif/")
+	rest, ours := strings.CutPrefix(st.Key, jobPrefix)
 	i := strings.LastIndexByte(rest, '/')
-	if i >= 0 {
+	if ours && i >= 0 {
 		k.id = rest[:i]
 		k.lastSeq, err = strconv.ParseInt(rest[i+1:], 10, 64)
 	}
-	if i < 0 || err != nil {
-		c.db.DropJob(st.Key) // no job of ours
+	if !ours || i < 0 || err != nil {
+		c.db.DropJob(st.Key) // no job of ours, or of an older form
 		return false
 	}
 	j := &Job{Done: make(chan struct{}), Original: make(chan struct{}), Takes: st.Takes, Here: true}

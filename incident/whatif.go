@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 
@@ -43,7 +44,15 @@ type WhatIf struct {
 	// FragmentationAtOOM is measured right after each original OOM's
 	// request (the layout an incident page shows), in their order.
 	FragmentationAtOOM []float64 `json:"fragmentation_at_oom"`
-	Err                string    `json:"error"`
+	// RoomAtOOM is, for each original OOM in order, the room this replay
+	// had for the request when it refused it too (Need 0 when it served
+	// it): the one rule, Room.Kind, reads it as the verdict does.
+	RoomAtOOM []Room `json:"room_at_oom"`
+	Err       string `json:"error"`
+	// What says what the setting does, in words; NeededText the memory
+	// needed as the page and the CLI print it.
+	What       string `json:"what"`
+	NeededText string `json:"needed_text"`
 }
 
 // Serves reports whether this replay served the original OOM at index.
@@ -56,7 +65,9 @@ var Variants = []string{
 	"max_split_size_mb:32",
 	"max_split_size_mb:128",
 	"max_split_size_mb:512",
-	"garbage_collection_threshold:0.6,per_process_memory_fraction:1",
+	// Under a memory fraction only (replay.Variant adds one where the run
+	// had none).
+	"garbage_collection_threshold:0.6",
 	"roundup_power2_divisions:4",
 }
 
@@ -67,9 +78,11 @@ const DefaultsVariant = "the default settings"
 // Table is the what-if answer for a request stream.
 type Table struct {
 	Capacity uint64 `json:"capacity_bytes"`
-	// CapacityFrom says where the capacity came from ("inferred from 39 retries").
-	CapacityFrom string `json:"capacity_from"`
-	Requests     int    `json:"requests"`
+	// CapacityFrom says where the capacity came from ("inferred from 39
+	// retries"), CapacitySource in a word.
+	CapacityFrom   string                `json:"capacity_from"`
+	CapacitySource replay.CapacitySource `json:"capacity_source"`
+	Requests       int                   `json:"requests"`
 	// Limit is the per-process limit the recording ran under, inferred
 	// (nil when none): every row replays under it, and memory needed is
 	// that limit's smallest value that works.
@@ -77,6 +90,14 @@ type Table struct {
 	// LimitFrom says the limit and the evidence for it (replay.Limit's
 	// String); empty without one.
 	LimitFrom string `json:"limit_from,omitempty"`
+	// LimitBytes is the per-process limit the recording ran under, the
+	// inferred one (Limit) or the memory fraction its settings record of
+	// its recorded device; 0: none.
+	LimitBytes    uint64 `json:"limit_bytes,omitempty"`
+	LimitInferred bool   `json:"limit_inferred,omitempty"`
+	// DeviceText says the device the rows replayed on and where its size
+	// came from, as the page prints it.
+	DeviceText string `json:"device_text"`
 	// OOMs are the original OOMs: the recorded ones, else (an RMM log)
 	// those of the replay under the original settings.
 	OOMs []OOMAt  `json:"original_ooms"`
@@ -104,9 +125,14 @@ func answer(s replay.Stream, onOriginal func(WhatIf)) (Table, error) {
 	if err != nil {
 		return Table{}, err
 	}
-	t := Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), Requests: len(s.Requests), OOMs: ooms, Rows: rows}
+	t := Table{Capacity: s.Capacity.Bytes, CapacityFrom: s.Capacity.From(), CapacitySource: s.Capacity.Source, Requests: len(s.Requests), OOMs: ooms, Rows: rows}
 	if s.Limit.Bytes > 0 {
 		t.Limit, t.LimitFrom = &s.Limit, s.Limit.String()
+	}
+	t.LimitBytes, t.LimitInferred = s.LimitBytes()
+	t.DeviceText = deviceText(s.Capacity)
+	for i := range t.Rows {
+		t.Rows[i].NeededText = neededText(t.Rows[i], gpu.FormatBytes)
 	}
 	t.Contradiction = contradiction(ooms, rows[0])
 	t.EndsAtOOM = endsAtOOM(s.Requests)
@@ -170,22 +196,27 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 	// PyTorch's defaults first.
 	cfgs := []caching.Config{orig}
 	var labels []string
+	whats := []string{"the settings the recording ran under"}
 	seen := map[string]bool{orig.String(): true}
-	add := func(label string, c caching.Config) {
+	add := func(label string, c caching.Config, what string) {
 		if !seen[c.String()] {
 			seen[c.String()] = true
-			cfgs, labels = append(cfgs, c), append(labels, label)
+			cfgs, labels, whats = append(cfgs, c), append(labels, label), append(whats, what)
 		}
 	}
 	def := caching.DefaultConfig()
 	def.Limit = orig.Limit
-	add(DefaultsVariant, def)
+	if orig.MemoryFraction > 0 {
+		// The run's limit, not a setting of the allocator's to undo.
+		def.MemoryFraction = orig.MemoryFraction
+	}
+	add(DefaultsVariant, def, "PyTorch's defaults, under the same limit")
 	for _, v := range variants {
-		c, err := replay.Overlay(orig, v)
+		c, added, err := replay.Variant(orig, v)
 		if err != nil {
 			return nil, nil, fmt.Errorf("variant %q: %w", v, err)
 		}
-		add(v, c)
+		add(v, c, does(v, c, added))
 	}
 	var recorded []OOMAt
 	for i, r := range s.Requests {
@@ -254,6 +285,7 @@ func whatIfs(s replay.Stream, variants []string, workers int, onOriginal func(Wh
 	}
 	for i := range rows {
 		rows[i].AllocConf = cfgs[i].String()
+		rows[i].What = whats[i]
 		if i > 0 {
 			rows[i].Variant = labels[i-1]
 		}
@@ -289,7 +321,7 @@ func compare(original, ooms []OOMAt, complete bool) (avoided, fresh []int) {
 // after the requests of the original OOMs, or after its own (own). The
 // error, also in the row, is what stopped the replay.
 func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) (WhatIf, replay.Result, error) {
-	w := WhatIf{OOMs: []OOMAt{}, FragmentationAtOOM: []float64{}}
+	w := WhatIf{OOMs: []OOMAt{}, FragmentationAtOOM: []float64{}, RoomAtOOM: []Room{}}
 	a, err := caching.New(s.Device(s.Capacity.Bytes), cfg)
 	if err != nil {
 		w.Err = err.Error()
@@ -308,7 +340,18 @@ func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) 
 			break
 		}
 		if own && len(p.OOMs()) > before || next < len(original) && original[next].Index == i {
-			w.FragmentationAtOOM = append(w.FragmentationAtOOM, a.Layout().Figures().Fragmentation)
+			l := a.Layout()
+			w.FragmentationAtOOM = append(w.FragmentationAtOOM, l.Figures().Fragmentation)
+			var room Room
+			if ooms := p.OOMs(); len(ooms) > before && ooms[len(ooms)-1].Err != nil {
+				e := ooms[len(ooms)-1].Err
+				var low uint64
+				if s.Limit.Bytes > 0 && e.Allowed == s.Limit.Bytes {
+					low = s.Limit.Low // inferred: known only between the two
+				}
+				room = RoomOf(l, e.Rounded, e.DeviceFree, e.Allowed, low)
+			}
+			w.RoomAtOOM = append(w.RoomAtOOM, room)
 			next++
 		}
 	}
@@ -325,10 +368,18 @@ func replayOne(s replay.Stream, cfg caching.Config, original []OOMAt, own bool) 
 type ForOOM struct {
 	Index int    `json:"index"`
 	Size  uint64 `json:"size"`
+	// Kind is Room.Kind of the replay under the recorded settings at this
+	// request, the rule the verdict applies to the recording ("" when that
+	// replay served it).
+	Kind string `json:"kind"`
 	// ServedBy are the variants that served the request.
 	ServedBy []string `json:"served_by"`
-	// Sentences say it: "expandable_segments:True would have served this
-	// request.", then what the run needs (Table.Needed).
+	// Fix names the setting that served the request and needs the least
+	// memory, with that memory against the limit or device the run had;
+	// else says that none did.
+	Fix string `json:"fix"`
+	// Sentences say the rest: "expandable_segments:True would have
+	// served this request.", then what the run needs (Table.Needed).
 	Sentences []string `json:"sentences"`
 }
 
@@ -339,11 +390,34 @@ func (t Table) ForOOM(k int) (f ForOOM, ok bool) {
 		return f, false
 	}
 	f = ForOOM{Index: t.OOMs[k].Index, Size: t.OOMs[k].Size, ServedBy: []string{}}
-	for _, r := range t.Rows[1:] {
+	if rooms := t.Rows[0].RoomAtOOM; k < len(rooms) && rooms[k].Need > 0 {
+		f.Kind = rooms[k].Kind()
+	}
+	best := -1
+	for i, r := range t.Rows[1:] {
 		if r.Serves(f.Index) {
 			f.ServedBy = append(f.ServedBy, r.Variant)
 			f.Sentences = append(f.Sentences, r.Variant+" would have served this request.")
+			if r.CapacityNeeded > 0 && (best < 0 || r.CapacityNeeded < t.Rows[best].CapacityNeeded) {
+				best = i + 1
+			}
 		}
+	}
+	switch {
+	case best > 0:
+		f.Fix = t.fix(t.Rows[best])
+	case len(f.ServedBy) > 0:
+		f.Fix = "Each setting that serves this request runs out of memory later, on every device tried."
+	case f.Kind == KindShortage:
+		f.Fix = "No setting serves this request: less must be allocated by then (a smaller batch, activation checkpointing), or more memory allowed"
+		if orig := t.Rows[0]; orig.CapacityNeeded > 0 && orig.LowestThatRuns == 0 {
+			allowed, what := t.allowed()
+			need, has := gpu.FormatApart(gpu.FormatBytes, orig.CapacityNeeded, allowed)
+			f.Fix += "; the whole run needs " + need + " with the recorded settings, against the " + has + " " + what
+		}
+		f.Fix += "."
+	default:
+		f.Fix = "None of the settings tried would have served this request."
 	}
 	if len(f.ServedBy) == 0 {
 		f.Sentences = append(f.Sentences, "None of the settings tried would have served this request.")
@@ -354,16 +428,81 @@ func (t Table) ForOOM(k int) (f ForOOM, ok bool) {
 	return f, true
 }
 
-// Needed says what device the whole run needs without an OOM: under the
-// recorded settings, and under the variant that needs the least when it
-// needs less: "Needs 63.40 GiB with the recorded settings, 58.10 GiB with
-// expandable_segments:True." Empty when the table has no rows.
+// fix names row r's setting and the memory the run needs with it, against
+// what the recording allowed: "Set PYTORCH_CUDA_ALLOC_CONF=
+// expandable_segments:True: it serves this request, and the whole run
+// needs 5.51 GiB with it, less than the 6.26 GiB limit it ran under."
+func (t Table) fix(r WhatIf) string {
+	set := "Set PYTORCH_CUDA_ALLOC_CONF=" + r.AllocConf
+	if r.AllocConf == "" {
+		set = "Run with PyTorch's default settings"
+	}
+	format := gpu.FormatBytes
+	if r.LowestThatRuns > 0 {
+		format = gpu.FormatMiB
+	}
+	s := set + ": it serves this request, and the whole run needs "
+	edge := ""
+	if r.LowestThatRuns > 0 {
+		edge = " (it also runs under " + gpu.FormatMiB(r.LowestThatRuns) + " but not under " + gpu.FormatMiB(r.FailsAt) + ")"
+	}
+	if t.LimitInferred && t.Limit != nil {
+		// Only bounds are known: say where the memory needed falls.
+		low, high := t.Limit.Low, t.LimitBytes
+		need, hi := gpu.FormatApart(format, r.CapacityNeeded, high)
+		lo := format(low)
+		switch {
+		case r.CapacityNeeded <= low:
+			s += need + " with it" + edge + ": less than the limit can have been (it was between " + lo + " and " + hi + ", inferred)"
+		case r.CapacityNeeded > high:
+			s += need + " with it" + edge + ", more than the limit can have been (under " + hi + "), so it fails later unless less is allocated or more allowed"
+		default:
+			s += need + " with it" + edge + ": it runs if your limit is at least that (the recording's was between " + lo + " and " + hi + ", inferred)"
+		}
+	} else {
+		allowed, what := t.allowed()
+		need, has := gpu.FormatApart(format, r.CapacityNeeded, allowed)
+		s += need + " with it" + edge
+		if r.CapacityNeeded <= allowed {
+			s += ", less than the " + has + " " + what
+		} else {
+			s += ", more than the " + has + " " + what + ", so it fails later unless less is allocated or more allowed"
+		}
+	}
+	if t.EndsAtOOM {
+		s += ", as far as the recording goes"
+	}
+	return s + "."
+}
+
+// allowed is what the recording's allocator could reserve, and what that
+// is in words: its per-process limit, else its device, else what it could
+// have had at its OOM.
+func (t Table) allowed() (uint64, string) {
+	switch {
+	case t.LimitBytes > 0 && t.LimitInferred:
+		return t.LimitBytes, "limit it ran under (inferred)"
+	case t.LimitBytes > 0:
+		return t.LimitBytes, "limit it ran under"
+	case t.CapacitySource == replay.CapacityRecorded:
+		return t.Capacity, "device"
+	case t.CapacitySource == replay.CapacityOOM:
+		return t.Capacity, "this allocator could have had at the OOM (reserved plus free)"
+	}
+	return t.Capacity, "device it replayed on"
+}
+
+// Needed says what the whole run needs without an OOM: under the recorded
+// settings, and under the variant that needs the least when it needs less,
+// in one unit; then what the recording ran under: "Needs 63.40 GiB with
+// the recorded settings, 58.10 GiB with expandable_segments:True (as a
+// per-process limit). The device has 80.00 GiB." Empty when the table has
+// no rows.
 func (t Table) Needed() string {
 	if len(t.Rows) == 0 {
 		return ""
 	}
 	orig := t.Rows[0]
-	s := "Needs " + needed(orig) + " with the recorded settings"
 	best := -1
 	for i, r := range t.Rows[1:] {
 		if r.Err == "" && r.CapacityNeeded > 0 && (orig.CapacityNeeded == 0 || r.CapacityNeeded < orig.CapacityNeeded) &&
@@ -371,48 +510,106 @@ func (t Table) Needed() string {
 			best = i + 1
 		}
 	}
+	// One unit in a sentence: MiB when an edge two MiB wide is in it.
+	format := gpu.FormatBytes
+	if orig.LowestThatRuns > 0 || best > 0 && t.Rows[best].LowestThatRuns > 0 {
+		format = gpu.FormatMiB
+	}
+	s := "Needs " + neededText(orig, format) + " with the recorded settings"
 	if best > 0 {
-		s += ", " + needed(t.Rows[best]) + " with " + t.Rows[best].Variant
+		a, b := orig.CapacityNeeded, t.Rows[best].CapacityNeeded
+		if orig.LowestThatRuns == 0 && t.Rows[best].LowestThatRuns == 0 && a > 0 {
+			// The two figures apart where they would print alike.
+			fa, fb := gpu.FormatApart(format, a, b)
+			s = "Needs " + fa + " with the recorded settings, " + fb + " with " + t.Rows[best].Variant
+		} else {
+			s += ", " + neededText(t.Rows[best], format) + " with " + t.Rows[best].Variant
+		}
 	} else {
 		s += "; no setting tried needs less"
 	}
-	s += " (" + t.device() + ")."
+	s += " (as a per-process limit)."
+	if t.LimitBytes > 0 && orig.CapacityNeeded > 0 {
+		need, limit := gpu.FormatApart(format, orig.CapacityNeeded, t.LimitBytes)
+		inferred := ""
+		if t.LimitInferred {
+			inferred = " (inferred)"
+		}
+		rel := "more than the "
+		switch {
+		case orig.CapacityNeeded < t.LimitBytes:
+			rel = "less than the "
+		case orig.CapacityNeeded == t.LimitBytes:
+			rel = "exactly the "
+		}
+		s += " The recording ran under a per-process limit of " + limit + inferred + ": the recorded settings need " + need + ", " + rel + "limit."
+	}
+	if t.DeviceText != "" {
+		s += " Replayed on " + t.DeviceText + "."
+	}
 	if t.EndsAtOOM {
 		s += fmt.Sprintf(" The recording ends at its OOM: these figures cover the %d requests it holds, not what the job would have asked after it.", t.Requests)
 	}
 	return s
 }
 
-// device says what the recording ran on: the device, and the per-process
-// limit under it when there was one.
-func (t Table) device() string {
-	if t.Limit != nil {
-		return "as a per-process limit; the recording ran under one of " + gpu.FormatBytes(t.Limit.Bytes) + ", on a device of " + gpu.FormatBytes(t.Capacity)
+// deviceText says the device a stream replays on: "a simulated device of
+// 21.01 GiB, inferred from 39 retries (…)", or the recorded one.
+func deviceText(c replay.Capacity) string {
+	if c.Source == replay.CapacityRecorded {
+		return "the recorded device of " + gpu.FormatBytes(c.Bytes)
 	}
-	return "the device has " + gpu.FormatBytes(t.Capacity)
+	return "a simulated device of " + gpu.FormatBytes(c.Bytes) + ", " + c.From()
 }
 
 // NeededFirst is what Needed says while only the recorded settings' row,
 // orig, is done.
-func NeededFirst(orig WhatIf, capacity uint64) string {
-	return "Needs " + needed(orig) + " with the recorded settings (the device has " + gpu.FormatBytes(capacity) + "); the replays under other settings are still running."
+func NeededFirst(orig WhatIf, device string) string {
+	return "Needs " + neededText(orig, gpu.FormatBytes) + " with the recorded settings (as a per-process limit), replayed on " + device +
+		"; the replays under other settings are still running."
 }
 
-// needed is the memory row r needs, in words.
-func needed(r WhatIf) string {
+// neededText is the memory row r needs, in words, in format's unit; an
+// edge two MiB wide always in MiB.
+func neededText(r WhatIf, format func(uint64) string) string {
 	if r.CapacityNeeded == 0 {
-		return "more than " + gpu.FormatBytes(replay.MaxCapacityNeeded)
+		return "more than " + format(replay.MaxCapacityNeeded)
 	}
 	if r.LowestThatRuns > 0 {
-		// The edges are a step or two apart: in MiB, which limits are
-		// whole multiples of, they read apart.
-		mib := func(n uint64) string { return fmt.Sprintf("%d MiB", n>>20) }
 		why := "under a lower limit the allocator gives its cached segments back sooner"
 		if strings.Contains(r.AllocConf, "expandable_segments:True") {
 			why = "the allocator asks a limit for whole segments"
 		}
-		return mib(r.CapacityNeeded) + " (it also runs under " + mib(r.LowestThatRuns) +
-			" but not under " + mib(r.FailsAt) + ": " + why + ")"
+		return gpu.FormatMiB(r.CapacityNeeded) + " (it also runs under " + gpu.FormatMiB(r.LowestThatRuns) +
+			" but not under " + gpu.FormatMiB(r.FailsAt) + ": " + why + ")"
 	}
-	return gpu.FormatBytes(r.CapacityNeeded)
+	return format(r.CapacityNeeded)
+}
+
+// does says what what-if setting v does, set as c (added: replay.Variant
+// added a memory fraction for it), in words.
+func does(v string, c caching.Config, added bool) string {
+	var says []string
+	for _, item := range strings.Split(v, ",") {
+		key, _, _ := strings.Cut(strings.TrimSpace(item), ":")
+		switch key {
+		case "expandable_segments":
+			if c.Expandable {
+				says = append(says, "segments grow in place, so freed and never reserved memory join into one piece")
+			}
+		case "max_split_size_mb":
+			says = append(says, "blocks over "+gpu.FormatMiB(c.MaxSplitSize)+" are never split, so large free blocks stay whole")
+		case "garbage_collection_threshold":
+			pct := strconv.FormatFloat(100*c.GarbageCollectionThreshold, 'f', -1, 64) + " %"
+			if added {
+				says = append(says, "garbage collection: cached blocks are given back once "+pct+" of the device is reserved "+
+					"(per_process_memory_fraction:1 only turns it on, as PyTorch collects only under a fraction; it sets no limit)")
+			} else {
+				says = append(says, "garbage collection: cached blocks are given back once "+pct+" of the limit is reserved")
+			}
+		case "roundup_power2_divisions":
+			says = append(says, "sizes round up to one of a few steps between powers of two, so freed blocks fit later requests")
+		}
+	}
+	return strings.Join(says, "; ")
 }

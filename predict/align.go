@@ -3,6 +3,7 @@ package predict
 import (
 	"errors"
 	"fmt"
+	"slices"
 
 	"vramscope/gpu"
 	"vramscope/replay"
@@ -10,7 +11,9 @@ import (
 
 // SameProgram is the share of each recording's allocations that must pair
 // up with the other's, in the same order, for them to count as the same
-// program.
+// program. Frees are paired by the allocations they free and their order
+// is not counted: the same program frees in another order from run to run
+// (DistributedDataParallel's buckets, on each rank).
 const SameProgram = 0.9
 
 // ErrNotSameProgram refuses recordings whose requests do not pair up.
@@ -90,25 +93,28 @@ type what struct {
 type alignment struct {
 	partner []int32
 	// pairedMallocs counts the mallocs that pair up; outOfOrder the
-	// pairs that come before an earlier pair's partner in other.
-	pairedMallocs, outOfOrder int
+	// fewest of the paired calls (mallocs and empty_cache calls) that
+	// must be taken away for the rest to come in base's order, of
+	// ordered ones.
+	pairedMallocs, outOfOrder, ordered int
 	// lone are other's mallocs with no partner in base.
 	lone []int32
 }
 
 // index keys base's mallocs and empty_cache calls, and says which request
-// frees each malloc (-1: none).
+// frees each malloc and which completes a deferred free of it (-1: none).
 type index struct {
-	at     map[key]int32
-	freeOf []int32 // by request index
+	at             map[key]int32
+	freeOf, doneOf []int32 // by request index
 }
 
 func indexOf(base prepared) index {
-	ix := index{at: make(map[key]int32, base.mallocs), freeOf: make([]int32, len(base.reqs))}
+	ix := index{at: make(map[key]int32, base.mallocs), freeOf: make([]int32, len(base.reqs)), doneOf: make([]int32, len(base.reqs))}
 	count := map[what]int{}
 	malloc := make(map[int64]int32, base.mallocs)
+	deferred := map[int64]int32{} // allocation id -> its malloc, freed and not yet completed
 	for i, r := range base.reqs {
-		ix.freeOf[i] = -1
+		ix.freeOf[i], ix.doneOf[i] = -1, -1
 		switch r.Op {
 		case replay.OpMalloc, replay.OpEmptyCache:
 			w := what{r.Op, base.stacks[i]}
@@ -122,6 +128,14 @@ func indexOf(base prepared) index {
 			if m, ok := malloc[r.ID]; ok {
 				ix.freeOf[m] = int32(i)
 				delete(malloc, r.ID)
+				if r.Deferred {
+					deferred[r.ID] = m
+				}
+			}
+		case replay.OpFreeDone:
+			if m, ok := deferred[r.ID]; ok {
+				ix.doneOf[m] = int32(i)
+				delete(deferred, r.ID)
 			}
 		}
 	}
@@ -129,7 +143,8 @@ func indexOf(base prepared) index {
 }
 
 // align pairs other's requests with base's: mallocs and empty_cache calls
-// by stack and occurrence, frees by the mallocs they free.
+// by stack and occurrence, frees (and their completions) by the mallocs
+// they free.
 func align(base prepared, ix index, other prepared) alignment {
 	al := alignment{partner: make([]int32, len(base.reqs))}
 	for i := range al.partner {
@@ -137,14 +152,9 @@ func align(base prepared, ix index, other prepared) alignment {
 	}
 	count := map[what]int{}
 	pairOf := make(map[int64]int32, other.mallocs) // other's allocation id -> base's malloc
-	last := int32(-1)
-	pair := func(b, o int32) {
-		al.partner[b] = o
-		if b < last {
-			al.outOfOrder++
-		}
-		last = max(last, b)
-	}
+	deferred := map[int64]int32{}                  // the same, freed and not yet completed
+	var calls []int32                              // base's partners of other's calls, in other's order
+	pair := func(b, o int32) { al.partner[b] = o }
 	for i, r := range other.reqs {
 		switch r.Op {
 		case replay.OpMalloc, replay.OpEmptyCache:
@@ -159,6 +169,7 @@ func align(base prepared, ix index, other prepared) alignment {
 				continue
 			}
 			pair(b, int32(i))
+			calls = append(calls, b)
 			if r.Op == replay.OpMalloc {
 				al.pairedMallocs++
 				pairOf[r.ID] = b
@@ -169,12 +180,41 @@ func align(base prepared, ix index, other prepared) alignment {
 				continue
 			}
 			delete(pairOf, r.ID)
+			if r.Deferred {
+				deferred[r.ID] = m
+			}
 			if f := ix.freeOf[m]; f >= 0 {
 				pair(f, int32(i))
 			}
+		case replay.OpFreeDone:
+			m, ok := deferred[r.ID]
+			if !ok {
+				continue
+			}
+			delete(deferred, r.ID)
+			if d := ix.doneOf[m]; d >= 0 {
+				pair(d, int32(i))
+			}
 		}
 	}
+	al.ordered = len(calls)
+	al.outOfOrder = len(calls) - longestIncreasing(calls)
 	return al
+}
+
+// longestIncreasing is the length of the longest increasing subsequence
+// of xs (patience sorting): the calls that came in order.
+func longestIncreasing(xs []int32) int {
+	var tails []int32
+	for _, x := range xs {
+		i, _ := slices.BinarySearch(tails, x)
+		if i == len(tails) {
+			tails = append(tails, x)
+		} else {
+			tails[i] = x
+		}
+	}
+	return len(tails)
 }
 
 // sameProgram says, when they are not, why base and other are not
@@ -192,19 +232,9 @@ func sameProgram(baseName string, base prepared, otherName string, other prepare
 		return fmt.Errorf("%s and %s are %w: only %d of %s's %d allocations (%.0f%%) and of %s's %d (%.0f%%) pair up by stack and occurrence (%.0f%% needed)",
 			baseName, otherName, ErrNotSameProgram, al.pairedMallocs, baseName, base.mallocs, 100*ofBase, otherName, other.mallocs, 100*ofOther, 100*SameProgram)
 	}
-	if paired := countPaired(al.partner); al.outOfOrder > int((1-SameProgram)*float64(paired)) {
-		return fmt.Errorf("%s and %s are %w: their requests pair up by stack and occurrence, but %d of the %d pairs come in another order",
-			baseName, otherName, ErrNotSameProgram, al.outOfOrder, paired)
+	if al.outOfOrder > int((1-SameProgram)*float64(al.ordered)) {
+		return fmt.Errorf("%s and %s are %w: their allocations pair up by stack and occurrence, but %d of the %d come in another order",
+			baseName, otherName, ErrNotSameProgram, al.outOfOrder, al.ordered)
 	}
 	return nil
-}
-
-func countPaired(partner []int32) int {
-	n := 0
-	for _, p := range partner {
-		if p >= 0 {
-			n++
-		}
-	}
-	return n
 }

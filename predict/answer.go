@@ -45,6 +45,8 @@ type Result struct {
 	// Checks are the recordings beyond those fitted, predicted and as
 	// recorded.
 	Checks []Check
+	// Notes are the fit's (Model.Notes).
+	Notes []string
 }
 
 // Named is a recording as a Result names it.
@@ -80,6 +82,9 @@ func (r Result) MarshalJSON() ([]byte, error) {
 	if r.Checks != nil {
 		out["checks"] = r.Checks
 	}
+	if r.Notes != nil {
+		out["notes"] = r.Notes
+	}
 	return json.Marshal(out)
 }
 
@@ -96,11 +101,11 @@ func Answer(d Dim, recs []Recording, o Options) (*Result, error) {
 	for _, c := range recs[d.Recordings():] {
 		for _, o := range recs[:d.Recordings()] {
 			if o.At == c.At {
-				return nil, fmt.Errorf("%s and %s are both at %s %d", o.Name, c.Name, d, c.At)
+				return nil, fmt.Errorf("%s and %s are both at %s %d: %w", o.Name, c.Name, d, c.At, ErrSameValue)
 			}
 		}
 	}
-	r := &Result{Dim: d, Requests: m.Requests, Paired: m.Paired, UnpairedBytes: m.UnpairedBytes, Unfit: m.Unfit, Capacity: o.Capacity}
+	r := &Result{Dim: d, Requests: m.Requests, Paired: m.Paired, UnpairedBytes: m.UnpairedBytes, Unfit: m.Unfit, Capacity: o.Capacity, Notes: m.Notes}
 	for _, rec := range recs {
 		r.Recordings = append(r.Recordings, Named{rec.Name, rec.At})
 	}

@@ -9,11 +9,14 @@ package predict
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 	"vramscope/replay"
 )
 
@@ -44,6 +47,9 @@ func (d Dim) Formula() string {
 	}
 	return "a + b·batch"
 }
+
+// ErrSameValue refuses two recordings given at one value.
+var ErrSameValue = errors.New("a fit takes distinct values")
 
 // Recording is one recording of the job and the value it was recorded at.
 type Recording struct {
@@ -80,6 +86,10 @@ type Model struct {
 	// Grows: some request's size depends on d (else any value needs the
 	// same).
 	Grows bool
+	// Notes say what the recordings' differences, or their sameness,
+	// mean for the fit: recordings that make the same requests, or that
+	// ran under different allocator settings.
+	Notes []string
 
 	base replay.Stream
 	reqs []replay.Request
@@ -114,7 +124,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 		}
 		for _, o := range recs[:i] {
 			if o.At == r.At {
-				return nil, fmt.Errorf("%s and %s are both at %s %d: a fit takes distinct values", o.Name, r.Name, d, r.At)
+				return nil, fmt.Errorf("%s and %s are both at %s %d: %w", o.Name, r.Name, d, r.At, ErrSameValue)
 			}
 		}
 	}
@@ -230,6 +240,7 @@ func Fit(d Dim, recs []Recording) (*Model, error) {
 	for _, u := range unfit {
 		m.Unfit = append(m.Unfit, *u)
 	}
+	m.Notes = notes(d, recs, m.Grows)
 	slices.SortFunc(m.Unfit, func(a, b Unfit) int {
 		return cmp.Or(cmp.Compare(b.Bytes, a.Bytes), cmp.Compare(b.Count, a.Count), cmp.Compare(a.Why, b.Why))
 	})
@@ -316,4 +327,48 @@ func (m *Model) Stream(x int) (s replay.Stream, guessed uint64) {
 		}
 	}
 	return s, guessed
+}
+
+// notes says what a fit of recs cannot show by itself: recordings that
+// make the same requests (nothing grows along d, or they were recorded at
+// one value), and recordings under other allocator settings than the first
+// (whose settings every prediction replays under).
+func notes(d Dim, recs []Recording, grows bool) []string {
+	var out []string
+	if !grows {
+		var at []string
+		for _, r := range recs {
+			at = append(at, fmt.Sprintf("%s at %s %d", r.Name, d, r.At))
+		}
+		out = append(out, fmt.Sprintf("%s make the same requests, every size alike: nothing in them grows with the %s, so every %s is predicted to need the same memory. "+
+			"Recordings made at one %s would look so too.", joinAnd(at), d, d, d))
+	}
+	first := settingsOf(recs[0].Stream.Settings)
+	for _, r := range recs[1:] {
+		if s := settingsOf(r.Stream.Settings); s != first {
+			out = append(out, fmt.Sprintf("%s ran under other allocator settings (%s) than %s (%s): the sizes fit across both, and every prediction replays under %s's.",
+				r.Name, s, recs[0].Name, first, recs[0].Name))
+		}
+	}
+	return out
+}
+
+// settingsOf writes allocator settings as the allocator reads them, "the
+// defaults" for none.
+func settingsOf(conf string) string {
+	if c, err := caching.ParseConfig(conf); err == nil {
+		conf = c.String()
+	}
+	if conf == "" {
+		return "the defaults"
+	}
+	return conf
+}
+
+// joinAnd joins "a", "b" and "c" as "a, b and c".
+func joinAnd(xs []string) string {
+	if len(xs) < 2 {
+		return strings.Join(xs, "")
+	}
+	return strings.Join(xs[:len(xs)-1], ", ") + " and " + xs[len(xs)-1]
 }

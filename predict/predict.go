@@ -84,7 +84,7 @@ func Measure(s replay.Stream, variants []string) (Prediction, error) {
 	}
 	for _, v := range variants {
 		n := Needed{Variant: v}
-		c, err := replay.Overlay(cfg, v)
+		c, _, err := replay.Variant(cfg, v)
 		if err == nil {
 			n.CapacityNeeded, _, _, err = needed(s, c)
 		}
@@ -153,8 +153,11 @@ func (m *Model) Largest(capacity uint64, variant string, step int) (int, error) 
 	if step <= 0 {
 		return 0, fmt.Errorf("step %d: want a positive value", step)
 	}
-	cfg, err := m.base.Config(variant)
+	cfg, err := m.base.Config("")
 	if err != nil {
+		return 0, err
+	}
+	if cfg, _, err = replay.Variant(cfg, variant); err != nil {
 		return 0, err
 	}
 	fitsAt := func(k int) (bool, error) { // k steps

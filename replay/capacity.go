@@ -60,7 +60,8 @@ func (c Capacity) From() string {
 	case CapacityRecorded:
 		return "recorded with the trace"
 	case CapacityOOM:
-		return fmt.Sprintf("inferred from the OOM at event %d", c.OOMSeq)
+		// Not the card: what the allocator could have had then.
+		return fmt.Sprintf("inferred from the OOM at event %d, what this allocator had then: reserved plus free on the device; the recording does not say the device's size", c.OOMSeq)
 	case CapacityRetries:
 		return fmt.Sprintf("inferred from %d %s (between %s and %s)", c.Retries, plural(c.Retries, "retry", "retries"),
 			gpu.FormatBytes(c.Low), gpu.FormatBytes(c.High))

@@ -33,10 +33,27 @@ type Needed struct {
 // Allowed is what the allocator may reserve in the recording: the
 // device's capacity, or the per-process limit under it.
 func (s *Stream) Allowed() uint64 {
-	if s.Limit.Bytes > 0 && s.Limit.Bytes < s.Capacity.Bytes {
-		return s.Limit.Bytes
+	if l, _ := s.LimitBytes(); l > 0 && l < s.Capacity.Bytes {
+		return l
 	}
 	return s.Capacity.Bytes
+}
+
+// LimitBytes is the per-process limit the recording ran under (0: none):
+// the one its OOMs imply (inferred true: the most it can have been), else
+// the memory fraction its settings record of the device it recorded.
+func (s *Stream) LimitBytes() (limit uint64, inferred bool) {
+	if s.Limit.Bytes > 0 {
+		return s.Limit.Bytes, true
+	}
+	if s.Capacity.Source != CapacityRecorded {
+		return 0, false
+	}
+	c, err := caching.ParseConfig(s.Settings)
+	if err != nil || c.MemoryFraction <= 0 || c.MemoryFraction >= 1 {
+		return 0, false
+	}
+	return uint64(c.MemoryFraction * float64(s.Capacity.Bytes)), false
 }
 
 // CapacityNeeded searches the memory s needs under cfg (Needed; Steady 0

@@ -286,6 +286,24 @@ func Overlay(base caching.Config, conf string) (caching.Config, error) {
 	return base, nil
 }
 
+// Variant is base with a what-if setting v set on top (Overlay), as it
+// would act: PyTorch collects garbage only under a memory fraction, so a
+// garbage_collection_threshold on a run without a limit or fraction gets
+// per_process_memory_fraction:1 (the whole device, no limit); a run under
+// one keeps it. added says a fraction was added.
+func Variant(base caching.Config, v string) (c caching.Config, added bool, err error) {
+	c, err = Overlay(base, v)
+	if err != nil {
+		return c, false, err
+	}
+	if c.GarbageCollectionThreshold > 0 && c.MemoryFraction == 0 && c.Limit == 0 {
+		c.MemoryFraction = 1
+		c.Raw = c.String()
+		added = true
+	}
+	return c, added, nil
+}
+
 // splitConf cuts a settings string into its key:value items; commas
 // inside [...] belong to a value.
 func splitConf(conf string) []string {

@@ -27,6 +27,9 @@ func decodeReal(t *testing.T, file string, device int) *pytorch.Trace {
 
 // What the real snapshots say of their devices, and how it is said.
 func TestCapacityFromTheRecording(t *testing.T) {
+	// What an OOM implies is what the allocator could have had, not the
+	// card: it says so.
+	const notTheCard = ", what this allocator had then: reserved plus free on the device; the recording does not say the device's size"
 	for _, c := range []struct {
 		file   string
 		device int
@@ -38,8 +41,8 @@ func TestCapacityFromTheRecording(t *testing.T) {
 		// segment_alloc the device then granted.
 		{"no_time_us_segment_churn.pickle", 0, CapacityRetries, 22556966911,
 			"capacity 21.01 GiB, inferred from 39 retries (between 20.97 GiB and 21.01 GiB)"},
-		{"oom_nonexpandable.json", 0, CapacityOOM, 23561895936, "capacity 21.94 GiB, inferred from the OOM at event 1117"},
-		{"expandable_oom_multigpu.pickle", 1, CapacityOOM, 84298432512, "capacity 78.51 GiB, inferred from the OOM at event 421"},
+		{"oom_nonexpandable.json", 0, CapacityOOM, 23561895936, "capacity 21.94 GiB, inferred from the OOM at event 1117" + notTheCard},
+		{"expandable_oom_multigpu.pickle", 1, CapacityOOM, 84298432512, "capacity 78.51 GiB, inferred from the OOM at event 421" + notTheCard},
 		// Two expandable segments held at once, 89 GiB apart.
 		{"expandable_oom_multigpu.pickle", 0, CapacityReservations, 85004561064,
 			"capacity 79.17 GiB, the most the address space reserved for expandable segments leaves room for"},

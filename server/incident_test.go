@@ -118,8 +118,8 @@ func testIncidentFragmentation(t *testing.T) {
 		r.DeviceFree >= r.Requested || r.LargestFree >= r.Requested || r.NotAllocated < r.Requested {
 		t.Fatalf("report %+v", r)
 	}
-	if r.Capacity != fragCapacity || d.CapacityEstimated || d.Count != 1 || d.Incident.Seq != in.Seq {
-		t.Fatalf("capacity %d (estimated %v), count %d, seq %d", r.Capacity, d.CapacityEstimated, d.Count, d.Incident.Seq)
+	if r.Capacity != fragCapacity || d.Count != 1 || d.Incident.Seq != in.Seq {
+		t.Fatalf("capacity %d, count %d, seq %d", r.Capacity, d.Count, d.Incident.Seq)
 	}
 	if len(r.Pinned) == 0 || len(r.Pinners) == 0 || len(r.Pools) == 0 {
 		t.Fatalf("nothing pinned: %+v", r)
@@ -244,9 +244,10 @@ func testIncidentOfUploadedSnapshot(t *testing.T) {
 		if r.Verdict == "" || r.Requested != d.Incident.Size || r.DeviceFree != d.Incident.DeviceFree || r.Requested == 0 {
 			t.Fatalf("report %+v of incident %+v", r, d.Incident)
 		}
-		// A snapshot does not say its device's capacity: it is estimated.
-		if !d.CapacityEstimated || r.Capacity != r.Reserved+r.DeviceFree {
-			t.Fatalf("capacity %d (estimated %v), reserved %d, device free %d", r.Capacity, d.CapacityEstimated, r.Reserved, r.DeviceFree)
+		// A snapshot does not say its device's capacity: none is given as
+		// the card's, and the what-if replays on what the OOM implies.
+		if r.Capacity != 0 || r.Outside != 0 || !strings.Contains(r.Device, "The recording does not say the device's size") {
+			t.Fatalf("capacity %d, outside %d: %q", r.Capacity, r.Outside, r.Device)
 		}
 		// The request did not fit in any hole, or it would not have failed.
 		if r.LargestFree >= r.Requested {
@@ -256,7 +257,7 @@ func testIncidentOfUploadedSnapshot(t *testing.T) {
 			t.Fatalf("fragmentation without a pinned segment: %+v", r)
 		}
 		w := whatIf(t, base)
-		if w.Capacity != r.Capacity || !strings.HasPrefix(w.CapacityFrom, "inferred from the OOM at event") ||
+		if w.Capacity != r.Reserved+r.DeviceFree || !strings.HasPrefix(w.CapacityFrom, "inferred from the OOM at event") ||
 			len(w.Rows) != 1+len(incident.Variants) || len(w.Rows[0].OOMs) != 1 || len(w.Rows[0].NewOOMs) != 0 {
 			t.Fatalf("what-if: %+v", w)
 		}
@@ -343,7 +344,7 @@ func testWhatIfWithoutOOM(t *testing.T) {
 	// freed 30 MiB segment. Expandable: a limit is asked for the 30 MiB
 	// alone, then two 20 MiB pages are mapped, which the 6 MiB share.
 	if len(w.OOMs) != 0 || w.Rows[0].CapacityNeeded != 50*MiB || w.Needed != "Needs 50.00 MiB with the recorded settings"+
-		", 30.00 MiB with expandable_segments:True (the device has 80.00 MiB)." {
+		", 30.00 MiB with expandable_segments:True (as a per-process limit). Replayed on the recorded device of 80.00 MiB." {
 		t.Fatalf("what-if: %+v, %q", w.Rows[0], w.Needed)
 	}
 	getJSON(t, srv.URL+"/api/traces/nosuchtrace/whatif", http.StatusNotFound, nil)

@@ -76,7 +76,7 @@ func TestBrowserIncidentUnderALimit(t *testing.T) {
 	// A row whose memory needed has a non-monotone edge gives its limits
 	// in MiB, 2 MiB apart, not three equal GiB figures.
 	table := within(t, ctx, "what-if table", chromedp.Text(`#whatif`))
-	if m := regexp.MustCompile(`(\d+) MiB \(also runs under (\d+) MiB, not under (\d+) MiB\)`).FindStringSubmatch(table); m == nil || m[1] == m[2] || m[2] == m[3] {
+	if m := regexp.MustCompile(`(\d+) MiB \(it also runs under (\d+) MiB but not under (\d+) MiB`).FindStringSubmatch(table); m == nil || m[1] == m[2] || m[2] == m[3] {
 		t.Errorf("no edge in MiB in the what-if table: %q", table)
 	}
 	screenshot(t, ctx, shotDir(t), "incident-under-a-limit")

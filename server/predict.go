@@ -97,6 +97,10 @@ func (j *predictJob) wait(r *http.Request, d time.Duration) bool {
 
 // fitTraces fits the stored traces ids at the values at and answers o.
 func (s *Server) fitTraces(ids []string, at []int, o predict.Options) (*predict.Result, error) {
+	names, err := s.traceNames(ids)
+	if err != nil {
+		return nil, err
+	}
 	recs := make([]predict.Recording, len(ids))
 	for i, id := range ids {
 		rec, err := s.opt.DB.Recording(id)
@@ -105,9 +109,32 @@ func (s *Server) fitTraces(ids []string, at []int, o predict.Options) (*predict.
 		}
 		st := replay.FromRecording(rec)
 		st.Use(0, replay.DefaultCapacity)
-		recs[i] = predict.Recording{Name: id, At: at[i], Stream: st}
+		recs[i] = predict.Recording{Name: names[i], At: at[i], Stream: st}
 	}
 	return predict.Answer(predict.Batch, recs, o)
+}
+
+// traceNames names traces ids as their pages do, in quotes; two of one
+// name are told apart by their ids.
+func (s *Server) traceNames(ids []string) ([]string, error) {
+	titles := make([]string, len(ids))
+	seen := map[string]int{}
+	for i, id := range ids {
+		t, err := s.opt.DB.Trace(id)
+		if err != nil {
+			return nil, err
+		}
+		titles[i] = t.Title()
+		seen[titles[i]]++
+	}
+	names := make([]string, len(ids))
+	for i, t := range titles {
+		names[i] = strconv.Quote(t)
+		if seen[t] > 1 {
+			names[i] += " (" + ids[i] + ")"
+		}
+	}
+	return names, nil
 }
 
 // predictQuery reads a prediction's parameters: batch_a and batch_b (the
@@ -180,7 +207,7 @@ func (s *Server) apiPredict(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	switch {
-	case errors.Is(j.err, predict.ErrNotSameProgram):
+	case errors.Is(j.err, predict.ErrNotSameProgram), errors.Is(j.err, predict.ErrSameValue):
 		writeError(w, http.StatusUnprocessableEntity, "%v", j.err)
 	case j.err != nil:
 		writeError(w, http.StatusInternalServerError, "prediction: %v", j.err)

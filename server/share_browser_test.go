@@ -134,7 +134,7 @@ func testBrowserShareAndIncident(t *testing.T) {
 		t.Fatalf("verdict %q", verdict)
 	}
 	// Frag asks for half the 2 GiB device.
-	if facts := within(t, ctx, "facts", chromedp.Text(`#facts`)); !strings.Contains(facts, "1.00 GiB on stream 0") || !strings.Contains(facts, "of 2.00 GiB") {
+	if facts := within(t, ctx, "facts", chromedp.Text(`#facts`)); !strings.Contains(facts, "1.00 GiB on stream 0") || !strings.Contains(facts, "the 2.00 GiB device") {
 		t.Fatalf("facts %q", facts)
 	}
 	// The pinning blocks are drawn in their own colour on the map.
@@ -142,14 +142,16 @@ func testBrowserShareAndIncident(t *testing.T) {
 	if pinned < 200 {
 		t.Fatalf("%d pixels of the pinning colour on the map", pinned)
 	}
+	// The evidence is folded: opened, the stacks show.
+	within(t, ctx, "open the pinning stacks", chromedp.Evaluate[bool](`document.getElementById("pinners-box").open = true`))
 	pinners := within(t, ctx, "pinners", chromedp.Text(`#pinners`))
 	if !strings.Contains(pinners, "register_buffer (stress.py:52)") {
 		t.Fatalf("pinning stacks: %q", pinners)
 	}
 	within(t, ctx, "what-if", chromedp.Poll[bool](`document.getElementById("incident").dataset.whatif === "done"`))
 	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
-		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
-	// Settings, this request, fragmentation here, OOMs, new OOMs, peak reserved, memory needed.
+		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => (td.querySelector(".conf") || td).textContent))`))
+	// Settings (as written; what they do is beside), this request, fragmentation here, OOMs, new OOMs, peak reserved, memory needed.
 	if len(rows) != 1+len(incident.Variants) || !strings.HasSuffix(rows[0][0], "[original]") || rows[0][1] != "failed" || rows[0][3] == "0" ||
 		!strings.HasSuffix(rows[0][6], " GiB") {
 		t.Fatalf("what-if rows %q", rows)
@@ -209,14 +211,14 @@ func testBrowserSnapshotIncident(t *testing.T) {
 	waitFor(t, ctx, "the incident page", `document.getElementById("incident")?.dataset.ready === "1" && document.getElementById("incident").dataset.whatif === "done"`)
 	verdict := within(t, ctx, "verdict", chromedp.Text(`#verdict`))
 	facts := within(t, ctx, "facts", chromedp.Text(`#facts`))
-	if !strings.HasPrefix(verdict, "A real shortage") || !strings.Contains(facts, "estimated") {
+	if !strings.HasPrefix(verdict, "A real shortage") || !strings.Contains(facts, "The recording does not say the device's size") {
 		t.Fatalf("verdict %q, facts %q", verdict, facts)
 	}
 	// Replayed from its own layout, at its recorded addresses and inferred
 	// capacity, the snapshot's OOM happens again and no setting serves it.
 	status := within(t, ctx, "what-if status", chromedp.Text(`#whatif-status`))
 	says := within(t, ctx, "what-if sentences", chromedp.Text(`.whatif-says`))
-	if !strings.Contains(status, "capacity inferred from the OOM at event 1117") ||
+	if !strings.Contains(status, "inferred from the OOM at event 1117, what this allocator had then") ||
 		!strings.Contains(says, "None of the settings tried would have served this request.") || !strings.Contains(says, "with the recorded settings") {
 		t.Fatalf("what-if status %q, says %q", status, says)
 	}
@@ -255,13 +257,13 @@ func testBrowserMemoryNeeded(t *testing.T) {
 	needed := within(t, ctx, "needed", chromedp.Text(`#needed .needed`))
 	status := within(t, ctx, "status", chromedp.Text(`#needed [role=status]`))
 	if !strings.HasPrefix(needed, "Needs ") || !strings.Contains(needed, " GiB with the recorded settings") ||
-		!strings.Contains(status, "capacity inferred from 39 retries") {
+		!strings.Contains(status, "replayed on a simulated device of 21.01 GiB, inferred from 39 retries (between 20.97 GiB and 21.01 GiB).") {
 		t.Fatalf("memory needed %q, status %q", needed, status)
 	}
 	// roundup_power2_divisions:4 makes the starting layout too large for
 	// the device: its row says why and shows no counts it did not make.
 	rows := within(t, ctx, "what-if rows", chromedp.Evaluate[[][]string](
-		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => td.textContent))`))
+		`[...document.querySelectorAll("#whatif-table tbody tr")].map(tr => [...tr.cells].map(td => (td.querySelector(".conf") || td).textContent))`))
 	var stopped []string
 	for _, r := range rows {
 		if r[0] == "roundup_power2_divisions:4" {

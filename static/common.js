@@ -1,9 +1,12 @@
 // Shared helpers: units, theme, DOM building (text only, never HTML from
 // data), and a JSON fetch that surfaces the server's {"error"} text.
 
-const UNITS = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+const UNITS = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
 
-/** Bytes in binary units: 512 B, 1.50 KiB, 80.00 GiB. */
+/**
+ * Bytes in binary units: 512 B, 1.50 KiB, 80.00 GiB, rounded half up as
+ * the server's gpu.FormatBytes rounds (a browser test holds them equal).
+ */
 export function fmtBytes(n) {
   if (n === undefined || n === null || !isFinite(n)) return "–";
   const neg = n < 0;

@@ -45,41 +45,44 @@ function more(total) {
 }
 
 function showReport(d) {
-  const r = d.report;
+  const r = d.report, room = r.room;
   const verdict = document.getElementById("verdict");
   verdict.textContent = r.verdict;
   verdict.classList.add(r.kind);
-  const cap = r.capacity_bytes ? fmtBytes(r.capacity_bytes) + (d.capacity_estimated ? " (estimated: the recording lacks it)" : "") : "unknown";
+  // The figures the verdict reads, each as the server counted it; the
+  // sentences are the server's, so every page and the CLI say them alike.
+  const notAllocated = fmtBytes(r.not_allocated_bytes) + " = " + fmtBytes(room.cached_bytes) + " cached + " + fmtBytes(room.headroom_bytes) +
+    (room.limit_bytes ? " never reserved under the limit" : " free on the device");
   document.getElementById("facts").replaceChildren(dl([
-    ["Asked for", fmtBytes(r.request_bytes) + " on stream " + r.stream],
-    ["Tried to reserve", fmtBytes(r.segment_bytes) + " from the driver (a new segment for the request)"],
-    ["Free on the device", fmtBytes(r.device_free_bytes) + " of " + cap],
-    ["Reserved by the allocator", fmtBytes(r.reserved_bytes) + " in " + r.segments + " segments"],
-    ["Allocated", fmtBytes(r.allocated_bytes)],
-    ["Reserved but unallocated", fmtBytes(r.cached_free_bytes)],
-    ["Largest free block", fmtBytes(r.largest_free_bytes)],
-    ...(r.limit_under_bytes ? [["Per-process limit", "under " + fmtBytes(r.limit_under_bytes) + " (it refused the segment while the device had the memory; the recording does not say it)"]] : []),
-    ["Not allocated in all", fmtBytes(r.not_allocated_bytes) + (r.limit_under_bytes ? " (reserved but unallocated: the limit leaves no more)" : " (device free + reserved but unallocated)")],
-    ["Fragmentation", (100 * r.fragmentation).toFixed(1) + " % (1 − largest free / cached free)"],
+    ["Asked for", fmtBytes(r.request_bytes) + " on stream " + r.stream + " (a new " + fmtBytes(r.segment_bytes) + " segment from the driver)"],
+    ["Allocated", fmtBytes(r.allocated_bytes) + " in " + r.segments + " segments reserving " + fmtBytes(r.reserved_bytes)],
+    ["Not allocated", notAllocated],
+    ["Largest free block", fmtBytes(r.largest_free_bytes) + " (fragmentation " + (100 * r.fragmentation).toFixed(1) + " %: 1 − largest free / cached free)"],
+    ...(r.limit_text ? [["Per-process limit", r.limit_text]] : []),
+    ["Device", r.device_text],
   ]));
   document.getElementById("pools").replaceChildren(table("pools-table",
     ["Pool", "Stream", "Segments", "Reserved", "Free", "Largest free block"],
     r.pools.map((p) => [p.pool, String(p.stream), String(p.segments), fmtBytes(p.reserved_bytes), fmtBytes(p.free_bytes), fmtBytes(p.largest_free_bytes)])));
   const pinned = r.pinned_segments || [];
+  document.getElementById("pinned-count").textContent = `(${pinned.length})`;
   document.getElementById("pinned").replaceChildren(pinned.length ? table("pinned-table",
     ["Segment", "Size", "Pool", "Stream", "Live blocks", "Live", "Free", "Largest free"],
     pinned.slice(0, MAX_ROWS).map((s) => [fmtAddr(s.address), fmtBytes(s.size), s.pool, String(s.stream), String(s.live_blocks),
       fmtBytes(s.live_bytes), fmtBytes(s.free_bytes), fmtBytes(s.largest_free_bytes)])) : el("p", {}, "None: no segment was split by live blocks."),
   more(pinned.length) || "");
   const groups = r.pinners || [];
+  document.getElementById("pinners-count").textContent = `(${groups.length})`;
   const box = document.getElementById("pinners");
   box.replaceChildren();
   if (!groups.length) box.append(el("p", {}, "No live allocation pins a split segment."));
-  for (const g of groups.slice(0, MAX_ROWS)) {
+  for (const [i, g] of groups.slice(0, MAX_ROWS).entries()) {
     const frames = d.stacks[String(g.stack)];
     const list = el("div", {}, frames || !g.stack ? framesList(frames, { max: STACK_FRAMES }) : el("p", { class: "dim" }, "Stack #" + g.stack + " (not loaded)"));
-    const head = el("h4", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`);
-    box.append(el("div", { class: "pinner" }, head, list));
+    const head = el("summary", {}, `${g.count} allocation${g.count === 1 ? "" : "s"}, ${fmtBytes(g.bytes)}, pinning ${g.segments} segment${g.segments === 1 ? "" : "s"}`);
+    // Each stack folded under its line, the first (the most segments)
+    // open: the list reads as a table of them.
+    box.append(el("details", { class: "pinner", open: i === 0 }, head, list));
     // The stack sorted for people: C++ and interpreter frames folded, the
     // first user frame as its label, long stacks cut to STACK_FRAMES.
     if (g.stack) {
@@ -95,10 +98,14 @@ function showReport(d) {
   for (const s of pinned) view.pinned.add(s.address);
 }
 
-// What each setting would have done with this request, in words and as a
-// table (whatif.js); the replays can take a while on a big trace.
+// What each setting would have done with this request: the fix first (the
+// setting that served it with the memory it needs), then the table
+// (whatif.js); the replays can take a while on a big trace.
 async function showWhatIf(url) {
   const w = await loadWhatIf(url, document.getElementById("whatif-status"));
+  const fix = document.getElementById("fix");
+  fix.textContent = w.incident ? w.incident.fix : w.needed;
+  fix.classList.add("done");
   const says = w.incident ? el("ul", { class: "whatif-says" }, ...w.incident.sentences.map((s) => el("li", {}, s))) : "";
   document.getElementById("whatif").replaceChildren(says, whatIfTable(w, w.incident?.index));
   root.dataset.whatif = "done";
@@ -113,8 +120,10 @@ async function start() {
   showReport(d);
   view.request("timeline", "map");
   showWhatIf(d.whatif_url).catch((e) => {
-    document.getElementById("whatif-status").textContent = "What-if failed: " + e.message;
-    document.getElementById("whatif-status").classList.add("error");
+    for (const id of ["whatif-status", "fix"]) {
+      document.getElementById(id).textContent = "What-if failed: " + e.message;
+      document.getElementById(id).classList.add("error");
+    }
   });
 }
 

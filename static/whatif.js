@@ -13,7 +13,7 @@ export async function loadWhatIf(url, status) {
   for (;;) {
     const w = await api(url);
     if (w.status === "done") {
-      let says = `${w.requests} requests replayed on a simulated ${fmtBytes(w.capacity_bytes)} device (capacity ${w.capacity_from}).`;
+      let says = `${w.requests} requests replayed on ${w.device_text}.`;
       // A limit the snapshot does not record, and why it is believed.
       if (w.limit_from) says += ` Under ${w.limit_from}.`;
       if (w.contradiction) says += " " + w.contradiction;
@@ -24,13 +24,9 @@ export async function loadWhatIf(url, status) {
   }
 }
 
-/** "12.34 GiB", and why the replay failed when it did. */
+/** The memory a row needs, as the server words it, and why the replay failed when it did. */
 function needed(r) {
-  let n = r.capacity_needed ? fmtBytes(r.capacity_needed) : "more than 512.00 GiB";
-  // The edges are a step or two apart: in MiB (limits are whole MiB) they read apart.
-  const mib = (b) => `${b / 2 ** 20} MiB`;
-  if (r.lowest_that_runs) n = `${mib(r.capacity_needed)} (also runs under ${mib(r.lowest_that_runs)}, not under ${mib(r.fails_at)})`;
-  return r.error ? n + " (the replay failed: " + r.error + ")" : n;
+  return r.error ? r.needed_text + " (the replay failed: " + r.error + ")" : r.needed_text;
 }
 
 /**
@@ -47,7 +43,10 @@ export function whatIfTable(w, oom) {
   t.append(el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col" }, h)))));
   const body = el("tbody");
   w.rows.forEach((r, i) => {
-    const tr = el("tr", {}, el("td", {}, (r.alloc_conf || "(defaults)") + (i === 0 ? " [original]" : "")));
+    // The settings as written, then what they do (a fraction added only
+    // to turn garbage collection on must not read as a limit lifted).
+    const tr = el("tr", {}, el("td", { class: "setting" }, el("span", { class: "conf" }, (r.alloc_conf || "(defaults)") + (i === 0 ? " [original]" : "")),
+      r.what ? el("div", { class: "dim what" }, r.what) : null));
     if (k >= 0) {
       const served = r.ooms.every((o) => o.index !== oom);
       tr.append(el("td", { class: served && i > 0 ? "yes" : null }, r.error ? "–" : served ? "served" : "failed"),
@@ -55,7 +54,7 @@ export function whatIfTable(w, oom) {
     }
     // A replay that stopped counted nothing of the setting's: no figures.
     tr.append(el("td", {}, r.error ? "–" : String(r.ooms.length)), el("td", {}, i === 0 || r.error ? "–" : String(r.new_ooms.length)),
-      el("td", {}, r.error ? "–" : fmtBytes(r.peak_reserved)), el("td", { class: r.error ? "why" : null }, needed(r)));
+      el("td", {}, r.error ? "–" : fmtBytes(r.peak_reserved)), el("td", { class: "why" }, needed(r)));
     body.append(tr);
   });
   t.append(body);

@@ -11,9 +11,10 @@ import templruntime "github.com/a-h/templ/runtime"
 
 import "vramscope/gpu"
 
-// IncidentPage is one OOM of a trace: the verdict, the segment map frozen
-// at the OOM with the pinning blocks marked, the timeline leading up to
-// it, the free memory by pool, the pinning stacks and the what-if table,
+// IncidentPage is one OOM of a trace: first the verdict and the fix, then
+// the what-if table, then the evidence: the timeline leading up to it, the
+// segment map frozen at the OOM with the pinning blocks marked, and folded
+// the free memory by pool, the pinned segments and the pinning stacks,
 // drawn by incident.js from the JSON API. The timeline window and the
 // selected block live in the URL's query string, as on the trace view.
 func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit string) templ.Component {
@@ -52,7 +53,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var3 string
 			templ_7745c5c3_Var3, templ_7745c5c3_Err = templruntime.NewAttributeExpression(t.ID).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 58}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 58}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var3)
 			if templ_7745c5c3_Err != nil {
@@ -65,7 +66,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var4 string
 			templ_7745c5c3_Var4, templ_7745c5c3_Err = templruntime.NewAttributeExpression(itoa(n)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 77}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 77}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var4)
 			if templ_7745c5c3_Err != nil {
@@ -78,7 +79,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var5 string
 			templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(all[n-1].Seq)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 108}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 108}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 			if templ_7745c5c3_Err != nil {
@@ -91,7 +92,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var6 string
 			templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(all[n-1].TimeUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 146}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 146}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
 			if templ_7745c5c3_Err != nil {
@@ -104,7 +105,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var7 string
 			templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.FirstUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 179}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 179}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var7)
 			if templ_7745c5c3_Err != nil {
@@ -117,7 +118,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var8 string
 			templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.LastUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 210}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 210}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 			if templ_7745c5c3_Err != nil {
@@ -130,7 +131,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var9 string
 			templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolAttr(t.NoTime)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 12, Col: 246}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 13, Col: 246}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
 			if templ_7745c5c3_Err != nil {
@@ -143,7 +144,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var10 string
 			templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.SafeURL("/traces/" + t.ID)).ResolveURL(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 14, Col: 46}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 15, Col: 46}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
 			if templ_7745c5c3_Err != nil {
@@ -162,7 +163,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 					var templ_7745c5c3_Var11 string
 					templ_7745c5c3_Var11, templ_7745c5c3_Err = templ.JoinStringErrs(itoa(in.N))
 					if templ_7745c5c3_Err != nil {
-						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 19, Col: 60}
+						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 20, Col: 60}
 					}
 					_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var11))
 					if templ_7745c5c3_Err != nil {
@@ -180,7 +181,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 					var templ_7745c5c3_Var12 string
 					templ_7745c5c3_Var12, templ_7745c5c3_Err = templruntime.NewAttributeExpression(templ.SafeURL("/traces/" + t.ID + "/incidents/" + itoa(in.N))).ResolveURL(ctx)
 					if templ_7745c5c3_Err != nil {
-						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 21, Col: 77}
+						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 22, Col: 77}
 					}
 					_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var12)
 					if templ_7745c5c3_Err != nil {
@@ -193,7 +194,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 					var templ_7745c5c3_Var13 string
 					templ_7745c5c3_Var13, templ_7745c5c3_Err = templ.JoinStringErrs(itoa(in.N))
 					if templ_7745c5c3_Err != nil {
-						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 21, Col: 92}
+						return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 22, Col: 92}
 					}
 					_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var13))
 					if templ_7745c5c3_Err != nil {
@@ -212,7 +213,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var14 string
 			templ_7745c5c3_Var14, templ_7745c5c3_Err = templ.JoinStringErrs(itoa(n))
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 26, Col: 26}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 27, Col: 26}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var14))
 			if templ_7745c5c3_Err != nil {
@@ -225,13 +226,13 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			var templ_7745c5c3_Var15 string
 			templ_7745c5c3_Var15, templ_7745c5c3_Err = templ.JoinStringErrs(oomWhen(t, all[n-1]))
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 26, Col: 52}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/incident.templ`, Line: 27, Col: 52}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var15))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "</h2><p id=\"verdict\" class=\"verdict\" role=\"status\">Analyzing…</p><div id=\"facts\"></div>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "</h2><p id=\"verdict\" class=\"verdict\" role=\"status\">Analyzing…</p><p id=\"fix\" class=\"fix\" role=\"status\">The fix: replaying the trace under other settings…</p>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -239,7 +240,7 @@ func IncidentPage(p Page, t gpu.Trace, all []gpu.Incident, n int, batchFit strin
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "</section><section class=\"panel timeline-panel\" aria-label=\"Timeline leading up to the OOM\"><div class=\"panel-head\"><h2>Leading up to the OOM</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key oom\">OOM</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button> <button type=\"button\" class=\"btn\" id=\"reset\">Back to the OOM (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline up to the OOM: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map at the OOM\"><div class=\"panel-head\"><h2>Segment map at the OOM</h2><span class=\"legend\"><span class=\"key pinning\">pinning a split segment</span> <span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map right after the OOM: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel details\" aria-label=\"Free memory\"><h3>Free memory by pool and stream</h3><div id=\"pools\"></div><h3>Pinned segments</h3><p class=\"dim\">Segments that could not be given back to the driver: live blocks split them, so their free pieces are stranded.</p><div id=\"pinned\"></div></section></div><section class=\"panel\" aria-label=\"Pinning allocations\"><h3>Allocations pinning split segments, by stack</h3><div id=\"pinners\"></div></section><section class=\"panel\" aria-label=\"What if\"><h3>What if: the whole trace replayed under other allocator settings</h3><p id=\"whatif-status\" class=\"dim\" role=\"status\">Waiting for the analysis…</p><div id=\"whatif\"></div></section></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "<div id=\"facts\"></div></section><section class=\"panel whatif-panel\" aria-label=\"What if\"><h3>What if: the whole trace replayed under other allocator settings</h3><p id=\"whatif-status\" class=\"dim\" role=\"status\">Waiting for the analysis…</p><div id=\"whatif\" class=\"table-box\"></div></section><section class=\"panel timeline-panel\" aria-label=\"Timeline leading up to the OOM\"><div class=\"panel-head\"><h2>Leading up to the OOM</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key oom\">OOM</span></span> <span class=\"spacer\"></span> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button> <button type=\"button\" class=\"btn\" id=\"reset\">Back to the OOM (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline up to the OOM: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><section class=\"panel segmap-panel\" aria-label=\"Segment map at the OOM\"><div class=\"panel-head\"><h2>Segment map at the OOM</h2><span class=\"legend\"><span class=\"key pinning\">pinning a split segment</span> <span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map right after the OOM: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><details class=\"panel evidence\" id=\"pools-box\"><summary><h3>Free memory by pool and stream</h3></summary><div id=\"pools\" class=\"table-box\"></div></details> <details class=\"panel evidence\" id=\"pinned-box\"><summary><h3>Pinned segments <span id=\"pinned-count\" class=\"dim\"></span></h3></summary><p class=\"dim\">Segments that could not be given back to the driver: live blocks split them, so their free pieces are stranded.</p><div id=\"pinned\" class=\"table-box\"></div></details> <details class=\"panel evidence\" id=\"pinners-box\"><summary><h3>Allocations pinning split segments, by stack <span id=\"pinners-count\" class=\"dim\"></span></h3></summary><div id=\"pinners\"></div></details></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}

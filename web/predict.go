@@ -99,3 +99,16 @@ func PredictDefaults(a, b gpu.Trace) PredictQuery {
 	}
 	return q
 }
+
+// devicePlaceholder is the Predict form's hint of the device the largest
+// batch fits when none is given: A's as recorded, else what the fit
+// takes (what A's OOM implies, or a default), never a size A lacks.
+func devicePlaceholder(a gpu.Trace) string {
+	if a.Capacity > 0 {
+		return "A's: " + gpu.FormatBytes(a.Capacity)
+	}
+	if a.OOMs > 0 {
+		return "what A's OOM implies"
+	}
+	return "A's unknown: " + gpu.FormatBytes(replay.DefaultCapacity)
+}

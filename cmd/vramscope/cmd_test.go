@@ -152,7 +152,7 @@ func TestWhatIfJSON(t *testing.T) {
 	}
 	for _, r := range generic {
 		keys := slices.Sorted(maps.Keys(r))
-		if fmt.Sprint(keys) != "[alloc_conf avoided capacity_needed error fragmentation_at_oom new_ooms ooms peak_reserved]" {
+		if fmt.Sprint(keys) != "[alloc_conf avoided capacity_needed error fragmentation_at_oom needed_text new_ooms ooms peak_reserved room_at_oom what]" {
 			t.Fatalf("keys %v", keys)
 		}
 	}
@@ -183,8 +183,9 @@ func TestWhatIfJSON(t *testing.T) {
 	}
 	code, out, _ = runCmd("whatif", traces[0].ID, "--db", db)
 	if code != 0 || !strings.Contains(out, "capacity 4.00 GiB, recorded with the trace") ||
-		!strings.Contains(out, fmt.Sprintf("OOM at request %d: expandable_segments:True would have served this request.", oom)) ||
-		!strings.Contains(out, "MEMORY NEEDED") || !strings.Contains(out, "with expandable_segments:True (the device has 4.00 GiB).") {
+		!strings.Contains(out, fmt.Sprintf("OOM at request %d (fragmentation): Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: it serves this request", oom)) ||
+		!strings.Contains(out, "expandable_segments:True would have served this request.") ||
+		!strings.Contains(out, "MEMORY NEEDED") || !strings.Contains(out, "with expandable_segments:True (as a per-process limit). Replayed on the recorded device of 4.00 GiB.") {
 		t.Errorf("text:\n%s", out)
 	}
 	code, out, errs = runCmd("whatif", filepath.Join("..", "..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))

@@ -147,3 +147,14 @@ func TestCompareErrors(t *testing.T) {
 		t.Errorf("exit %d: %s\n%s", code, errs, out)
 	}
 }
+
+// The CLI's deltas round as the compare page's (−7.125 MiB is −7.13 MiB
+// on both; TestBrowserBytesAsTheServerWritesThem holds the page to
+// gpu.FormatBytes).
+func TestSignedDeltaRoundsAsThePage(t *testing.T) {
+	for d, want := range map[int64]string{-(7<<20 + 1<<17): "-7.13 MiB", 277<<20 + 1<<17: "+277.13 MiB", 0: "0 B"} {
+		if got := signed(d); got != want {
+			t.Errorf("signed(%d) = %q, want %q", d, got, want)
+		}
+	}
+}

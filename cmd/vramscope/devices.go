@@ -6,6 +6,7 @@ import (
 	"io"
 	"text/tabwriter"
 
+	"vramscope/gpu"
 	"vramscope/gpu/cuda"
 )
 
@@ -53,21 +54,7 @@ func runDevices(args []string, stdout, stderr io.Writer) error {
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "GPU\tNAME\tTOTAL\tFREE")
 	for _, in := range infos {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", in.Ordinal, in.Name, formatBytes(in.Total), formatBytes(in.Free))
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\n", in.Ordinal, in.Name, gpu.FormatBytes(in.Total), gpu.FormatBytes(in.Free))
 	}
 	return tw.Flush()
-}
-
-// formatBytes writes n in binary units with one decimal: "139.8 GiB".
-func formatBytes(n uint64) string {
-	if n < 1024 {
-		return fmt.Sprintf("%d B", n)
-	}
-	v, unit := float64(n)/1024, 0
-	units := []string{"KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
-	for v >= 1024 && unit < len(units)-1 {
-		v /= 1024
-		unit++
-	}
-	return fmt.Sprintf("%.1f %s", v, units[unit])
 }

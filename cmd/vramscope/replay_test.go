@@ -325,9 +325,11 @@ func TestWhatIfPerOOMFromALog(t *testing.T) {
 	}
 	_, text, _ := runCmd("whatif", path, "--capacity", "60MiB")
 	for _, want := range []string{
-		"OOM at request 15: expandable_segments:True would have served this request.",
-		"OOM at request 16: None of the settings tried would have served this request.",
-		"Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (the device has 60.00 MiB).",
+		"OOM at request 15 (fragmentation): Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: it serves this request, and the whole run needs 110.00 MiB with it, more than the 60.00 MiB device it replayed on",
+		"expandable_segments:True would have served this request.",
+		"OOM at request 16 (shortage): No setting serves this request",
+		"None of the settings tried would have served this request.",
+		"Needs 120.00 MiB with the recorded settings, 110.00 MiB with expandable_segments:True (as a per-process limit). Replayed on a simulated device of 60.00 MiB, as given.",
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("no %q in\n%s", want, text)

@@ -114,7 +114,11 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 	}
 	for k := range table.OOMs {
 		f, _ := table.ForOOM(k)
-		fmt.Fprintf(stdout, "\nOOM at request %d: %s", f.Index, strings.Join(f.Sentences[:len(f.Sentences)-1], " "))
+		kind := ""
+		if f.Kind != "" {
+			kind = " (" + f.Kind + ")"
+		}
+		fmt.Fprintf(stdout, "\nOOM at request %d%s: %s %s", f.Index, kind, f.Fix, strings.Join(f.Sentences[:len(f.Sentences)-1], " "))
 	}
 	fmt.Fprintf(stdout, "\n%s\n", table.Needed())
 	return nil
