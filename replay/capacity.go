@@ -12,6 +12,8 @@ type CapacitySource string
 const (
 	CapacityUnknown  CapacitySource = ""
 	CapacityRecorded CapacitySource = "recorded" // the trace kept its device's capacity
+	// the device a CPU estimate was made for, less what lies outside the allocator
+	CapacityEstimated CapacitySource = "estimate"
 	CapacityOOM      CapacitySource = "oom"      // reserved + device free at the first oom entry
 	CapacityRetries  CapacitySource = "retries"  // the bounds the free-and-retry paths imply
 	// the most the reservations for expandable segments leave room for
@@ -59,6 +61,8 @@ func (c Capacity) From() string {
 	switch c.Source {
 	case CapacityRecorded:
 		return "recorded with the trace"
+	case CapacityEstimated:
+		return "the device the estimate was made for, less the CUDA context"
 	case CapacityOOM:
 		return fmt.Sprintf("inferred from the OOM at event %d", c.OOMSeq)
 	case CapacityRetries:
