@@ -66,8 +66,9 @@ func (e *Estimate) OutsideBytes() uint64 {
 func (e *Estimate) Capacity() uint64 { return e.DeviceMemory - min(e.OutsideBytes(), e.DeviceMemory) }
 
 // Summary says in one line what the estimate is: "estimated on a CPU, not
-// recorded: 3 optimizer steps of train.py --batch 8 (stand-in meta,
-// PyTorch 1.13.0) for an 80.00 GiB device; 2 values read were stand-ins".
+// recorded: 3 optimizer steps of train.py --batch 8 for a device of 80.00
+// GiB (stand-in meta, PyTorch 1.13.0); 2 values the script read were
+// stand-ins, not computed".
 func (e *Estimate) Summary() string {
 	what := fmt.Sprintf("%d optimizer %s of %s", e.Steps, plural(e.Steps, "step", "steps"), strings.Join(append([]string{e.Script}, e.Args...), " "))
 	switch e.Stopped {
@@ -76,7 +77,7 @@ func (e *Estimate) Summary() string {
 	case "time":
 		what += " (stopped by the time limit)"
 	}
-	s := fmt.Sprintf("%s: %s (stand-in %s, PyTorch %s) for a %s device", gpu.EstimateNote, what, e.StandIn, e.Torch, gpu.FormatBytes(e.DeviceMemory))
+	s := fmt.Sprintf("%s: %s for a device of %s (stand-in %s, PyTorch %s)", gpu.EstimateNote, what, gpu.FormatBytes(e.DeviceMemory), e.StandIn, e.Torch)
 	if e.Checkpoint != "" {
 		s += ", every " + e.Checkpoint + " checkpointed"
 	}
@@ -87,25 +88,34 @@ func (e *Estimate) Summary() string {
 	return s
 }
 
-// Beyond says what the stream could not see, with figures: what was added
-// as PyTorch allocates it, and what lies outside the allocator.
-func (e *Estimate) Beyond() []string {
-	var out []string
-	for _, a := range e.Added {
-		out = append(out, fmt.Sprintf("added: %d× %s of %s, allocated through the caching allocator as PyTorch does", max(a.Count, 1), a.Name, gpu.FormatBytes(a.Bytes)))
-	}
-	for _, o := range e.Outside {
-		size := "not estimated"
-		if o.Bytes > 0 {
-			size = "about " + gpu.FormatBytes(o.Bytes) + ", taken from the device's memory"
+// Beyond says what the requests could not show, with figures: what was
+// added as PyTorch allocates it (the cuBLAS workspaces), and what lies
+// outside the allocator (the CUDA context, NCCL), which the device's
+// memory less it is the allocator's capacity.
+func (e *Estimate) Beyond() string {
+	var parts []string
+	if len(e.Added) > 0 {
+		var items []string
+		for _, a := range e.Added {
+			items = append(items, fmt.Sprintf("%d× %s of %s", max(a.Count, 1), a.Name, gpu.FormatBytes(a.Bytes)))
 		}
-		line := fmt.Sprintf("outside the allocator: %s (%s)", o.Name, size)
-		if o.Note != "" {
-			line += ": " + o.Note
-		}
-		out = append(out, line)
+		parts = append(parts, "Added as PyTorch allocates them: "+strings.Join(items, ", "))
 	}
-	return out
+	if len(e.Outside) > 0 {
+		var items []string
+		for _, o := range e.Outside {
+			item := o.Name
+			if o.Bytes > 0 {
+				item += ", about " + gpu.FormatBytes(o.Bytes)
+			}
+			if o.Note != "" {
+				item += " (" + o.Note + ")"
+			}
+			items = append(items, item)
+		}
+		parts = append(parts, "Outside the allocator: "+strings.Join(items, "; "))
+	}
+	return strings.Join(parts, ". ")
 }
 
 func plural(n int, one, many string) string {

@@ -161,9 +161,12 @@ class Recorder:
 
     BASE = 0x7F0000000000  # where the stand-in addresses start: one per storage, never reused
 
-    def __init__(self, torch, stand_in, steps, cublas, cublaslt, deadline=None):
+    def __init__(self, torch, stand_in, steps, cublas, cublaslt, deadline=None, key=None):
         self.torch = torch
         self.is_stand_in = stand_in  # tensor -> bool: on the stand-in device
+        # a storage's identity while it lives: the StorageImpl (a meta
+        # storage has no data pointer); a real run may give the pointer
+        self.key = key or (lambda st: st._cdata)
         self.steps_wanted = steps
         self.cublas, self.cublaslt = cublas, cublaslt
         self.deadline = deadline
@@ -197,9 +200,10 @@ class Recorder:
     # -- frames -----------------------------------------------------------
 
     def frames(self):
-        """The Python frames of the call being served, innermost first,
-        without this module's, PyTorch's dispatch machinery's, or the
-        duplicate entry of a function a mode intercepted. Inside
+        """The Python frames of the call being served, innermost first, up
+        to the script's module, without this module's, PyTorch's dispatch
+        machinery's, or the duplicate entry of a function a mode
+        intercepted. Inside
         autograd's backward there are none but those of Python code the
         engine calls (custom Functions, hooks, checkpoints' recomputation):
         on a GPU the engine runs on a thread of its own. Returns (frames,
@@ -224,6 +228,8 @@ class Recorder:
                 skip_caller = False
             else:
                 out.append((name, f.f_lineno, code.co_name))
+                if code.co_name == "<module>" and name in self.script_files:
+                    break  # what runs the script (runpy, this module) is not the job's
             f = f.f_back
         key = tuple(out)
         frames = self.stacks.get(key)
@@ -290,7 +296,7 @@ class Recorder:
             if not self.is_stand_in(t):
                 continue
             st = self.storage_of(t)
-            key = st._cdata
+            key = self.key(st)
             size = st.nbytes()
             have = self.live.get(key)
             if have is not None and have[1] >= size:
@@ -336,7 +342,11 @@ class Recorder:
             self.stop("time")
 
     def value(self):
-        """A value the script read: counted, and where the first few were."""
+        """A value the script read: counted, and where the first few were.
+        Reading it is an op that reaches the device: what was freed
+        before it is freed there."""
+        if self.recording:
+            self.poll()
         self.values += 1
         if len(self.value_sites) < 3:
             site = self.where()
@@ -820,21 +830,25 @@ def _op_failure_message(op, where, err, torch_version):
 
 
 def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0), checkpoint=None, time_limit=600.0,
-             stand_in=None, name=None):
+             stand_in=None, name=None, workspaces=True):
     """Runs script (with args as its sys.argv[1:]) with CUDA stood in for
     and returns the snapshot dict. steps: stop after that many optimizer
     steps (0: run to the end). stand_in: "meta" or "fake" (default: fake
-    where the installed PyTorch can fake CUDA). Raises EstimateError."""
+    where the installed PyTorch can fake CUDA). workspaces: add the cuBLAS
+    workspaces as PyTorch allocates them. Raises EstimateError."""
     import runpy
 
-    import torch
-
+    try:
+        import torch
+    except ImportError as e:
+        raise EstimateError("this Python (%s) cannot import torch (%s): run the estimate with the Python of your PyTorch "
+                            "environment (vramscope estimate --python PATH)" % (sys.executable, e))
     if stand_in is None:
         stand_in = "fake" if _fake_cuda_works(torch) else "meta"
     if stand_in == "fake" and not _fake_cuda_works(torch):
         raise EstimateError("--stand-in fake needs a CUDA build of PyTorch with a GPU (FakeTensorMode cannot fake CUDA here); "
                             "--stand-in meta works anywhere")
-    cublas = cublas_workspace_bytes(capability)
+    cublas = cublas_workspace_bytes(capability) if workspaces else 0
     deadline = time.monotonic() + time_limit if time_limit else None
     if stand_in == "fake":
         from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
@@ -845,9 +859,10 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
         def on_stand_in(t):
             return t.is_meta
 
-    rec = Recorder(torch, on_stand_in, steps, cublas, cublaslt_workspace_bytes(cublas), deadline)
+    rec = Recorder(torch, on_stand_in, steps, cublas, cublaslt_workspace_bytes(cublas) if workspaces else 0, deadline)
     script = os.path.abspath(script)
     rec.script_files.add(script)
+    rec.script_files.add(os.path.realpath(script))
     props = _Properties(name or "NVIDIA stand-in (%s, sm_%d%d)" % (format_bytes(device_memory), capability[0], capability[1]),
                         device_memory, capability)
     saved = []
@@ -972,10 +987,8 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
         "checkpointed_calls": wrapped[0] if checkpoint else 0,
         "added": added,
         "outside_allocator": [
-            {"name": "CUDA context", "bytes": CONTEXT_BYTES,
-             "note": "the driver's and the kernels' memory, outside the caching allocator: a usual figure, not measured"},
-            {"name": "NCCL", "bytes": 0,
-             "note": "communicators' buffers are outside the caching allocator and not estimated"},
+            {"name": "the CUDA context", "bytes": CONTEXT_BYTES, "note": "a usual figure, not measured"},
+            {"name": "NCCL's buffers", "bytes": 0, "note": "when the job communicates: not estimated"},
         ],
     }
     return {
@@ -1007,8 +1020,8 @@ def summary(snap):
     allocs = sum(1 for e in entries if e["action"] == "alloc")
     steps = "%d optimizer step%s" % (m["steps"], "" if m["steps"] == 1 else "s")
     why = {"steps": "", "end": " (the script ended)", "time": " (the time limit ended it)"}[m["stopped"]]
-    lines = ["vramscope: estimated on a CPU, not recorded: %s of %s%s; %d requests, peak allocated %s before the allocator's "
-             "rounding into segments (stand-in: %s, PyTorch %s, %.1f s)"
+    lines = ["vramscope: estimated on a CPU, not recorded: %s of %s%s; %d requests, peak allocated %s (vramscope replays "
+             "them through the allocator for what it reserves; stand-in: %s, PyTorch %s, %.1f s)"
              % (steps, m["script"], why, allocs, format_bytes(peak), m["stand_in"], m["torch"], m["seconds"])]
     for a in m["added"]:
         lines.append("vramscope: added %d× %s of %s, as PyTorch allocates them" % (a["count"], a["name"], format_bytes(a["bytes"])))
@@ -1053,6 +1066,7 @@ def main(argv=None, prog="python -m vramscope_watch --estimate"):
     p.add_argument("--url", help="upload it to this vramscope server instead (default: $VRAMSCOPE_URL when set)")
     p.add_argument("--token", help="the server's token (default: $VRAMSCOPE_TOKEN)")
     p.add_argument("--name", help="the trace's name on the server (default: SCRIPT ARGS (estimate))")
+    p.add_argument("--quiet", action="store_true", help="say nothing but errors")
     p.add_argument("script", help="the script to estimate")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
@@ -1071,7 +1085,8 @@ def main(argv=None, prog="python -m vramscope_watch --estimate"):
     try:
         snap = estimate(a.script, a.args, steps=a.steps, device_memory=memory, capability=(int(m.group(1)), int(m.group(2))),
                         checkpoint=a.checkpoint, time_limit=a.time_limit, stand_in=a.stand_in)
-        print(summary(snap), file=sys.stderr)
+        if not a.quiet:
+            print(summary(snap), file=sys.stderr)
         if url:
             name = a.name or " ".join([os.path.basename(a.script)] + a.args) + " (estimate)"
             link = _post(url, a.token or os.environ.get("VRAMSCOPE_TOKEN"), snap, name, sys.stderr)
@@ -1079,7 +1094,8 @@ def main(argv=None, prog="python -m vramscope_watch --estimate"):
         else:
             out = a.out or os.path.splitext(os.path.basename(a.script))[0] + "-estimate.pickle"
             write(snap, out)
-            print("vramscope: written to %s (vramscope import %s, or vramscope whatif %s)" % (out, out, out), file=sys.stderr)
+            if not a.quiet:
+                print("vramscope: written to %s (vramscope import %s, or vramscope whatif %s)" % (out, out, out), file=sys.stderr)
     except EstimateError as e:
         print("vramscope: %s" % e, file=sys.stderr)
         return 1
