@@ -14,8 +14,8 @@ const (
 	CapacityRecorded CapacitySource = "recorded" // the trace kept its device's capacity
 	// the device a CPU estimate was made for, less what lies outside the allocator
 	CapacityEstimated CapacitySource = "estimate"
-	CapacityOOM      CapacitySource = "oom"      // reserved + device free at the first oom entry
-	CapacityRetries  CapacitySource = "retries"  // the bounds the free-and-retry paths imply
+	CapacityOOM       CapacitySource = "oom"     // reserved + device free at the first oom entry
+	CapacityRetries   CapacitySource = "retries" // the bounds the free-and-retry paths imply
 	// the most the reservations for expandable segments leave room for
 	CapacityReservations CapacitySource = "reservations"
 	CapacityGiven        CapacitySource = "given"   // asked for (--capacity)
