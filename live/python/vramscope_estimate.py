@@ -671,15 +671,13 @@ def _meta_modes(torch, rec):
     values = _stand_in_values(torch, rec)
     getters = {T.device.__get__: lambda t: cuda0 if t.is_meta else t.device,
                T.is_cuda.__get__: lambda t: t.is_meta or t.is_cuda}
-    to_meta = {T.cuda, T.to, T.new_empty, T.new_zeros, T.new_ones, T.new_full, T.new_tensor, T.type}
+    to_meta = {T.to, T.new_empty, T.new_zeros, T.new_ones, T.new_full, T.new_tensor, T.type}
     cast_cache = {}
     lower_types = {torch.float16, torch.bfloat16}
 
     def device_args(func, args, kwargs):
         if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs["device"] = meta
-        if func is T.cuda:
-            return (args[0],), dict(kwargs, device=meta)
         if func is T.to:
             args = tuple(meta if i > 0 and _is_cuda(a) else a for i, a in enumerate(args))
         elif func is T.type and len(args) > 1 and isinstance(args[1], str) and args[1].startswith("torch.cuda."):
@@ -745,7 +743,10 @@ def _meta_modes(torch, rec):
                                                    inputs=kw.get("inputs"))
             if func is T.record_stream or func is T.pin_memory:
                 return args[0] if func is T.pin_memory else None
-            if func in to_meta or "device" in kwargs:
+            if func is T.cuda:  # x.cuda(device, non_blocking): a copy to the stand-in, as x.to("cuda")
+                func, args = T.to, (args[0], meta)
+                kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
+            elif func in to_meta or "device" in kwargs:
                 args, kwargs = device_args(func, args, kwargs)
             if torch.is_autocast_enabled():
                 name = getattr(func, "__name__", "")
@@ -779,9 +780,15 @@ def _watch_mode(torch, rec):
     since the last; after it those it made."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    detach = torch.ops.aten.detach.default
+
     class Watch(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
+            if func is detach and args and not isinstance(args[0], torch.Tensor):
+                # PyTorch 1.13 hands a mode a wrapped number as the Python
+                # scalar it was (a checkpoint's pack hook detaches mul's)
+                return torch.tensor(args[0])
             if rec.recording:
                 rec.poll()
                 rec.check_time()

@@ -1,0 +1,195 @@
+package live_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+
+	"vramscope/internal/testkit"
+	"vramscope/pytorch"
+	"vramscope/server"
+)
+
+// The estimate's scripts: a small GPT trained with AdamW, and the harness
+// that runs a script under the estimate's hooks.
+const (
+	gptScript     = "testdata/estimate_gpt.py"
+	harnessScript = "testdata/estimate_harness.py"
+)
+
+// estimateCmd is python -m vramscope_watch --estimate ARGS, on the Python
+// that imports torch, with the helper from python/.
+func estimateCmd(t *testing.T, args ...string) *exec.Cmd {
+	t.Helper()
+	py := testkit.TorchPython(t)
+	cmd := exec.Command(py, append([]string{"-m", "vramscope_watch", "--estimate"}, args...)...)
+	helper, _ := filepath.Abs("python")
+	cmd.Env = append(os.Environ(), "PYTHONPATH="+helper, "PYTHONDONTWRITEBYTECODE=1")
+	return cmd
+}
+
+// harness runs estimate_harness.py in mode on the GPT script with args and
+// returns its requests, as [action, size] pairs.
+func harness(t *testing.T, mode string, args ...string) [][2]any {
+	t.Helper()
+	py := testkit.TorchPython(t)
+	helper, _ := filepath.Abs("python")
+	cmd := exec.Command(py, append([]string{harnessScript, helper, mode, gptScript}, args...)...)
+	cmd.Env = append(os.Environ(), "PYTHONDONTWRITEBYTECODE=1")
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("%s %s: %v\n%s", harnessScript, mode, err, stderr.String())
+	}
+	var pairs [][2]any
+	if err := json.Unmarshal(out, &pairs); err != nil {
+		t.Fatalf("%s %s: %v", harnessScript, mode, err)
+	}
+	return pairs
+}
+
+// The estimate (meta standing in for cuda, no arithmetic) makes the
+// requests the same script makes when it runs for real on the CPU,
+// recorded by the same hooks with storages told apart by their data
+// pointers: the same sizes in the same order, frees included.
+func TestEstimateMakesTheRealRunsRequests(t *testing.T) {
+	args := []string{"--batch", "3", "--seq", "48", "--layers", "2", "--d", "64", "--vocab", "320"}
+	est := harness(t, "estimate", args...)
+	cpu := harness(t, "cpu", append(args, "--device", "cpu")...)
+	allocs, frees := 0, 0
+	for _, p := range est {
+		switch p[0] {
+		case "alloc":
+			allocs++
+		case "free_requested":
+			frees++
+		}
+	}
+	// 3 steps of a 2-layer GPT: its parameters, activations, gradients,
+	// optimizer state and temporaries
+	if allocs < 500 || frees < 400 {
+		t.Fatalf("the estimate made %d allocations and %d frees: too few to be the training", allocs, frees)
+	}
+	for i := range min(len(est), len(cpu)) {
+		if !reflect.DeepEqual(est[i], cpu[i]) {
+			lo := max(0, i-3)
+			t.Fatalf("request %d: estimated %v, the CPU run made %v\nestimate: %v\ncpu:      %v", i, est[i], cpu[i], est[lo:min(i+4, len(est))], cpu[lo:min(i+4, len(cpu))])
+		}
+	}
+	if len(est) != len(cpu) {
+		t.Fatalf("the estimate made %d requests, the CPU run %d", len(est), len(cpu))
+	}
+}
+
+// Two estimates of one script are the same snapshot: the same requests,
+// frames, regions and figures (but the seconds each took).
+func TestEstimateIsDeterministic(t *testing.T) {
+	dir := t.TempDir()
+	var snaps []any
+	for _, name := range []string{"a.pickle", "b.pickle"} {
+		out := filepath.Join(dir, name)
+		cmd := estimateCmd(t, "--quiet", "--out", out, gptScript, "--batch", "2", "--seq", "32")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("%v\n%s", err, b)
+		}
+		f, err := os.Open(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := pytorch.Unpickle(f)
+		f.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		top := v.(pytorch.Dict)
+		for i, kv := range top {
+			if kv.Key == pytorch.EstimateKey {
+				mark := kv.Value.(pytorch.Dict)
+				top[i].Value = slicesDeleteKey(mark, "seconds")
+			}
+		}
+		snaps = append(snaps, top)
+	}
+	if !reflect.DeepEqual(snaps[0], snaps[1]) {
+		t.Fatal("two estimates of the same script differ")
+	}
+	traces := snaps[0].(pytorch.Dict)
+	entries, _ := traces.Get("device_traces")
+	if n := len(entries.([]any)[0].([]any)); n < 300 {
+		t.Fatalf("%d entries", n)
+	}
+}
+
+func slicesDeleteKey(d pytorch.Dict, key string) pytorch.Dict {
+	out := pytorch.Dict{}
+	for _, kv := range d {
+		if kv.Key != key {
+			out = append(out, kv)
+		}
+	}
+	return out
+}
+
+// An op the stand-in device cannot run stops the estimate with its name
+// and the script's line; so does a script that never reaches an
+// optimizer step before the time limit; and one that fails says how.
+func TestEstimateErrorsSayWhatAndWhere(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, src string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	nonzero := write("nonzero.py", "import torch\nx = torch.ones(8, device='cuda')\nkeep = torch.nonzero(x > 0)\n")
+	forever := write("forever.py", "import torch\nx = torch.ones(8, device='cuda')\nwhile True:\n    x = x + 1\n")
+	broken := write("broken.py", "import torch\nx = torch.ones(8, device='cuda')\nraise ValueError('no data at /data/train')\n")
+	for _, c := range []struct {
+		script string
+		args   []string
+		want   []string
+	}{
+		{nonzero, nil, []string{"nonzero.py:3", "aten.nonzero", "depends on tensor values"}},
+		{forever, []string{"--time-limit", "2"}, []string{"forever.py ran 2 s", "without reaching an optimizer step"}},
+		{broken, nil, []string{"broken.py raised ValueError", "no data at /data/train", "broken.py\", line 3"}},
+	} {
+		cmd := estimateCmd(t, append(c.args, "--out", filepath.Join(dir, "x.pickle"), c.script)...)
+		out, err := cmd.CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+			t.Fatalf("%s: %v, want exit status 1\n%s", c.script, err, out)
+		}
+		for _, w := range c.want {
+			if !strings.Contains(string(out), w) {
+				t.Errorf("%s: the message lacks %q:\n%s", filepath.Base(c.script), w, out)
+			}
+		}
+		if _, err := os.Stat(filepath.Join(dir, "x.pickle")); err == nil {
+			t.Errorf("%s: a snapshot was written", filepath.Base(c.script))
+		}
+	}
+}
+
+// The server serves the estimate's module beside the watcher.
+func TestEstimateModuleServed(t *testing.T) {
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	t.Cleanup(srv.Close)
+	resp, err := http.Get(srv.URL + "/vramscope_estimate.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if src, _ := os.ReadFile("python/vramscope_estimate.py"); resp.StatusCode != 200 || string(served) != string(src) {
+		t.Fatalf("GET /vramscope_estimate.py: %s, %d bytes", resp.Status, len(served))
+	}
+}
