@@ -36,6 +36,7 @@ import pickle
 import re
 import signal
 import sys
+import threading
 import time
 
 __all__ = ["estimate", "main", "EstimateError", "parse_bytes"]
@@ -186,6 +187,7 @@ class Recorder:
         self.workspaces = {}  # (kind, thread) -> bytes
         self.regions = []  # open record_function regions
         self.backward_codes = set()
+        self.main_thread = threading.get_ident()
         self.script_files = set()
         import torch.multiprocessing.reductions as red
 
@@ -311,7 +313,9 @@ class Recorder:
         if name in _CUBLAS_OPS and any(self.is_stand_in(t) for t in _tensors(args)):
             if frames is None:
                 frames, backward = self.frames()
-            thread = "autograd" if backward else "main"
+            # autograd's engine has a thread of its own on a GPU: its
+            # handle, its workspace (meta runs it on the script's)
+            thread = "autograd" if backward or threading.get_ident() != self.main_thread else "main"
             self.workspace("cuBLAS workspace", thread, self.cublas, frames)
             if self.cublaslt and _lt_addmm(name, args, kwargs, self.torch):
                 self.workspace("cuBLASLt workspace", thread, self.cublaslt, frames)
@@ -457,21 +461,23 @@ class _NoOp:
         return 0
 
 
-def _patch(obj, name, value, saved):
-    saved.append((obj, name, getattr(obj, name, _MISSING)))
+def _patch(obj, name, value, undo):
+    """Sets obj.name to value; undo gets what puts it back."""
+    old = getattr(obj, name, _MISSING)
     setattr(obj, name, value)
+    undo.append(lambda: delattr(obj, name) if old is _MISSING else setattr(obj, name, old))
 
 
 _MISSING = object()
 
 
-def _stand_in_cuda(torch, rec, props, fake_device, saved):
+def _stand_in_cuda(torch, rec, props, fake_device, undo):
     """torch.cuda answering as the stand-in device would: its properties;
     memory from the recorder's count; synchronize, streams, events and the
     random state as no-ops. fake_device: CUDA is only faked (no GPU),
     else the real one answers what it can."""
     cuda = torch.cuda
-    p = lambda name, value: _patch(cuda, name, value, saved)  # noqa: E731
+    p = lambda name, value: _patch(cuda, name, value, undo)  # noqa: E731
     allocated = lambda *a, **k: rec.allocated  # noqa: E731
     peak = lambda *a, **k: rec.peak  # noqa: E731
 
@@ -499,7 +505,7 @@ def _stand_in_cuda(torch, rec, props, fake_device, saved):
         for name in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved",
                      "reset_peak_memory_stats", "memory_stats", "mem_get_info", "empty_cache"):
             if hasattr(cuda.memory, name):
-                _patch(cuda.memory, name, getattr(cuda, name), saved)
+                _patch(cuda.memory, name, getattr(cuda, name), undo)
     if not fake_device:
         return
     p("is_available", lambda: True)
@@ -527,25 +533,22 @@ def _stand_in_cuda(torch, rec, props, fake_device, saved):
     p("set_per_process_memory_fraction", lambda *a, **k: None)
     if hasattr(cuda, "nvtx"):
         for name in ("range_push", "range_pop", "mark", "range_start", "range_end"):
-            _patch(cuda.nvtx, name, lambda *a, **k: 0, saved)
-        _patch(cuda.nvtx, "range", _NoOp, saved)
+            _patch(cuda.nvtx, name, lambda *a, **k: 0, undo)
+        _patch(cuda.nvtx, "range", _NoOp, undo)
     if hasattr(torch._C, "_cuda_clearCublasWorkspaces"):
-        _patch(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, saved)
+        _patch(torch._C, "_cuda_clearCublasWorkspaces", lambda: None, undo)
 
 
-def _restore(saved):
-    for obj, name, old in reversed(saved):
-        if old is _MISSING:
-            try:
-                delattr(obj, name)
-            except AttributeError:
-                pass
-        else:
-            setattr(obj, name, old)
-    saved.clear()
+def _restore(undo):
+    """Undoes what was patched, last first."""
+    while undo:
+        try:
+            undo.pop()()
+        except AttributeError:
+            pass
 
 
-def _regions(torch, rec, saved):
+def _regions(torch, rec, undo):
     """record_function regions (ProfilerStep#N, Optimizer.step#AdamW.step)
     as annotations, as _record_memory_history records them."""
     cls = torch.autograd.profiler.record_function
@@ -561,11 +564,11 @@ def _regions(torch, rec, saved):
         rec.region("END", self.name)
         return out
 
-    _patch(cls, "__enter__", __enter__, saved)
-    _patch(cls, "__exit__", __exit__, saved)
+    _patch(cls, "__enter__", __enter__, undo)
+    _patch(cls, "__exit__", __exit__, undo)
 
 
-def _checkpointing(torch, rec, class_name, saved):
+def _checkpointing(torch, rec, class_name, undo):
     """Every module of class class_name runs under torch.utils.checkpoint
     (non-reentrant, as apply_activation_checkpointing wraps modules) while
     it trains; returns a list that counts the calls wrapped."""
@@ -594,7 +597,7 @@ def _checkpointing(torch, rec, class_name, saved):
             return cp.checkpoint(run, *args, use_reentrant=False, **kwargs)
         return cp.checkpoint(run, *args, **kwargs)
 
-    _patch(module, "__call__", __call__, saved)
+    _patch(module, "__call__", __call__, undo)
     return wrapped
 
 
@@ -815,11 +818,11 @@ def _fake_cuda_works(torch):
     with a GPU (without one, autograd's engine needs what a CPU build
     lacks), and a PyTorch whose FakeTensorMode makes factory tensors."""
     try:
-        from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: F401
+        from torch._subclasses import fake_tensor
     except ImportError:
         return False
     try:
-        return bool(torch.version.cuda) and torch.cuda.is_available()
+        return hasattr(fake_tensor, "FakeTensorMode") and bool(torch.version.cuda) and torch.cuda.is_available()
     except Exception:
         return False
 
@@ -836,6 +839,82 @@ def _op_failure_message(op, where, err, torch_version):
     return "%s: %s failed on the stand-in device: %s" % (where, op, why)
 
 
+def _install(torch, rec, props, stand_in, checkpoint, undo):
+    """Stands in for CUDA (patches torch.cuda, enters the modes), records
+    regions, wraps the checkpointed class; undo gets what takes it all
+    back. Returns the count of checkpointed calls (a one-item list)."""
+    _stand_in_cuda(torch, rec, props, stand_in == "meta", undo)
+    _regions(torch, rec, undo)
+    wrapped = _checkpointing(torch, rec, checkpoint, undo) if checkpoint else [0]
+    if stand_in == "meta":
+        mode_cls, clear_cache = _meta_modes(torch, rec)
+        clear = torch.clear_autocast_cache
+
+        def clear_autocast_cache():
+            clear_cache()
+            clear()
+
+        _patch(torch, "clear_autocast_cache", clear_autocast_cache, undo)
+        # nn.Module.cuda() makes new parameters of the stand-in's tensors
+        # rather than swapping their data in place
+        old = torch.__future__.get_overwrite_module_params_on_conversion()
+        torch.__future__.set_overwrite_module_params_on_conversion(True)
+        undo.append(lambda: torch.__future__.set_overwrite_module_params_on_conversion(old))
+        modes = [mode_cls(), _watch_mode(torch, rec)()]
+    else:
+        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        from torch.overrides import TorchFunctionMode
+
+        vals = _stand_in_values(torch, rec)
+
+        class Values(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                if func in vals and isinstance(args[0], FakeTensor):
+                    return vals[func](args, kwargs or {})
+                return func(*args, **(kwargs or {}))
+
+        # optimizers pick their multi-tensor path as for real CUDA tensors
+        supported = getattr(torch.optim.optimizer, "_foreach_supported_types", None)
+        if isinstance(supported, list):
+            _patch(torch.optim.optimizer, "_foreach_supported_types", supported + [FakeTensor], undo)
+        modes = [FakeTensorMode(allow_non_fake_inputs=True), Values(), _watch_mode(torch, rec)()]
+    for m in modes:
+        m.__enter__()
+        undo.append(lambda m=m: m.__exit__(None, None, None))
+    return wrapped
+
+
+def _run(script, args, rec, time_limit, undo):
+    """Runs the script as python would, to its end, the steps wanted or
+    the time limit; returns which ("end", "steps", "time")."""
+    import runpy
+
+    if time_limit and hasattr(signal, "SIGALRM"):
+        def alarm(signum, frame):
+            if rec.recording:
+                rec.stop("time")
+
+        old = signal.signal(signal.SIGALRM, alarm)
+        undo.append(lambda: signal.signal(signal.SIGALRM, old))
+        signal.setitimer(signal.ITIMER_REAL, time_limit)
+        undo.append(lambda: signal.setitimer(signal.ITIMER_REAL, 0))
+    old_argv, old_path = sys.argv, list(sys.path)
+    sys.argv = [script] + list(args)
+    sys.path[0:1] = [os.path.dirname(script)]
+    try:
+        runpy.run_path(script, run_name="__main__")
+        return "end"
+    except _Stop as s:
+        return s.reason
+    except SystemExit as e:
+        if e.code not in (None, 0):
+            raise EstimateError("%s exited with status %s before the estimate was done" % (script, e.code))
+        return "end"
+    finally:
+        rec.recording = False
+        sys.argv, sys.path[:] = old_argv, old_path
+
+
 def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0), checkpoint=None, time_limit=600.0,
              stand_in=None, name=None, workspaces=True):
     """Runs script (with args as its sys.argv[1:]) with CUDA stood in for
@@ -843,8 +922,6 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
     steps (0: run to the end). stand_in: "meta" or "fake" (default: fake
     where the installed PyTorch can fake CUDA). workspaces: add the cuBLAS
     workspaces as PyTorch allocates them. Raises EstimateError."""
-    import runpy
-
     try:
         import torch
     except ImportError as e:
@@ -858,7 +935,7 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
     cublas = cublas_workspace_bytes(capability) if workspaces else 0
     deadline = time.monotonic() + time_limit if time_limit else None
     if stand_in == "fake":
-        from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensor
 
         def on_stand_in(t):
             return isinstance(t, FakeTensor) and t.device.type == "cuda"
@@ -872,97 +949,26 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
     rec.script_files.add(os.path.realpath(script))
     props = _Properties(name or "NVIDIA stand-in (%s, sm_%d%d)" % (format_bytes(device_memory), capability[0], capability[1]),
                         device_memory, capability)
-    saved = []
-    old_argv, old_path0 = sys.argv, sys.path[0] if sys.path else None
-    modes = []
-    result = {"stopped": "end"}
+    undo = []
     started = time.monotonic()
     try:
-        _stand_in_cuda(torch, rec, props, stand_in == "meta", saved)
-        _regions(torch, rec, saved)
-        wrapped = _checkpointing(torch, rec, checkpoint, saved) if checkpoint else None
-        if stand_in == "meta":
-            mode_cls, clear_cache = _meta_modes(torch, rec)
-            clear = torch.clear_autocast_cache
-
-            def clear_autocast_cache():
-                clear_cache()
-                clear()
-
-            _patch(torch, "clear_autocast_cache", clear_autocast_cache, saved)
-            if hasattr(torch, "__future__"):
-                # nn.Module.cuda() makes new parameters for the stand-in's
-                # tensors rather than swapping their data in place
-                old = torch.__future__.get_overwrite_module_params_on_conversion()
-                torch.__future__.set_overwrite_module_params_on_conversion(True)
-                saved.append((None, "overwrite", old))
-            modes = [mode_cls(), _watch_mode(torch, rec)()]
-        else:
-            from torch.overrides import TorchFunctionMode
-
-            vals = _stand_in_values(torch, rec)
-
-            class Values(TorchFunctionMode):
-                def __torch_function__(self, func, types, args=(), kwargs=None):
-                    if func in vals and isinstance(args[0], FakeTensor):
-                        return vals[func](args, kwargs or {})
-                    return func(*args, **(kwargs or {}))
-
-            modes = [FakeTensorMode(allow_non_fake_inputs=True), Values(), _watch_mode(torch, rec)()]
-        if deadline is not None and hasattr(signal, "SIGALRM"):
-            def alarm(signum, frame):
-                rec.stop("time")
-
-            saved.append((signal, "SIGALRM", signal.signal(signal.SIGALRM, alarm)))
-            signal.setitimer(signal.ITIMER_REAL, time_limit)
-        sys.argv = [script] + list(args)
-        if sys.path:
-            sys.path[0] = os.path.dirname(script)
-        for m in modes:
-            m.__enter__()
-        try:
-            runpy.run_path(script, run_name="__main__")
-        except _Stop as s:
-            result["stopped"] = s.reason
-        except SystemExit as e:
-            if e.code not in (None, 0):
-                raise EstimateError("%s exited with status %s before the estimate was done" % (script, e.code))
-        finally:
-            rec.recording = False
-            for m in reversed(modes):
-                try:
-                    m.__exit__(None, None, None)
-                except Exception:
-                    pass
-    except EstimateError:
+        wrapped = _install(torch, rec, props, stand_in, checkpoint, undo)
+        stopped = _run(script, args, rec, time_limit, undo)
+    except (EstimateError, KeyboardInterrupt):
         raise
-    except _Stop as s:  # the time ran out outside the script
-        result["stopped"] = s.reason
     except BaseException as e:
         if rec.failure is not None:
             raise EstimateError(_op_failure_message(rec.failure[0], rec.failure[1], rec.failure[2], torch.__version__))
-        if isinstance(e, KeyboardInterrupt):
-            raise
         import traceback
 
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         raise EstimateError("%s raised %s under the estimate:\n%s" % (os.path.basename(script), type(e).__name__, tb))
     finally:
-        if hasattr(signal, "SIGALRM"):
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        for i, (obj, name_, old) in enumerate(saved):
-            if obj is None:
-                torch.__future__.set_overwrite_module_params_on_conversion(old)
-            elif obj is signal:
-                signal.signal(signal.SIGALRM, old)
-        _restore([s for s in saved if s[0] is not None and s[0] is not signal])
-        sys.argv = old_argv
-        if sys.path and old_path0 is not None:
-            sys.path[0] = old_path0
+        _restore(undo)
     if rec.failure is not None:
         # the script caught the error and went on: what it measured is not the job's
         raise EstimateError(_op_failure_message(rec.failure[0], rec.failure[1], rec.failure[2], torch.__version__))
-    if result["stopped"] == "time" and rec.steps == 0:
+    if stopped == "time" and rec.steps == 0:
         raise EstimateError("%s ran %.0f s (the time limit, --time-limit) without reaching an optimizer step: "
                             "estimate a script that trains (an optimizer's step() ends a step), or give it more time"
                             % (os.path.basename(script), time_limit))
@@ -986,12 +992,12 @@ def estimate(script, args=(), steps=3, device_memory=80 * GiB, capability=(9, 0)
         "compute_capability": list(capability),
         "steps": rec.steps,
         "steps_wanted": steps,
-        "stopped": result["stopped"],
+        "stopped": stopped,
         "seconds": round(time.monotonic() - started, 3),
         "values_not_computed": rec.values,
         "value_sites": rec.value_sites,
         "checkpoint": checkpoint or "",
-        "checkpointed_calls": wrapped[0] if checkpoint else 0,
+        "checkpointed_calls": wrapped[0],
         "added": added,
         "outside_allocator": [
             {"name": "the CUDA context", "bytes": CONTEXT_BYTES, "note": "a usual figure, not measured"},
