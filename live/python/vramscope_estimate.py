@@ -674,7 +674,7 @@ def _meta_modes(torch, rec):
     values = _stand_in_values(torch, rec)
     getters = {T.device.__get__: lambda t: cuda0 if t.is_meta else t.device,
                T.is_cuda.__get__: lambda t: t.is_meta or t.is_cuda}
-    to_meta = {T.to, T.new_empty, T.new_zeros, T.new_ones, T.new_full, T.new_tensor, T.type}
+    to_meta = {T.to, T.new_empty, T.new_zeros, T.new_ones, T.new_full, T.new_tensor}
     cast_cache = {}
     lower_types = {torch.float16, torch.bfloat16}
 
@@ -683,11 +683,6 @@ def _meta_modes(torch, rec):
             kwargs["device"] = meta
         if func is T.to:
             args = tuple(meta if i > 0 and _is_cuda(a) else a for i, a in enumerate(args))
-        elif func is T.type and len(args) > 1 and isinstance(args[1], str) and args[1].startswith("torch.cuda."):
-            # x.type("torch.cuda.FloatTensor"): a dtype on the stand-in device
-            name = args[1][len("torch.cuda."):]
-            dtype = getattr(torch, name).dtype if hasattr(torch, name) else torch.float32
-            return (args[0],), {"dtype": dtype, "device": meta}
         return args, kwargs
 
     def cast(t, dtype, cache):
@@ -749,6 +744,10 @@ def _meta_modes(torch, rec):
             if func is T.cuda:  # x.cuda(device, non_blocking): a copy to the stand-in, as x.to("cuda")
                 func, args = T.to, (args[0], meta)
                 kwargs = {k: v for k, v in kwargs.items() if k in ("non_blocking", "memory_format")}
+            elif func is T.type and len(args) > 1 and isinstance(args[1], str) and args[1].startswith("torch.cuda."):
+                # x.type("torch.cuda.HalfTensor"): that dtype on the stand-in
+                legacy = getattr(torch, args[1][len("torch.cuda."):], None)
+                func, args, kwargs = T.to, (args[0], meta, getattr(legacy, "dtype", torch.float32)), {}
             elif func in to_meta or "device" in kwargs:
                 args, kwargs = device_args(func, args, kwargs)
             if torch.is_autocast_enabled():
