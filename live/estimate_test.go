@@ -2,6 +2,7 @@ package live_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -192,4 +193,70 @@ func TestEstimateModuleServed(t *testing.T) {
 	if src, _ := os.ReadFile("python/vramscope_estimate.py"); resp.StatusCode != 200 || string(served) != string(src) {
 		t.Fatalf("GET /vramscope_estimate.py: %s, %d bytes", resp.Status, len(served))
 	}
+}
+
+// Under torch.autocast("cuda", bfloat16) the estimate makes the requests
+// a real H200 made for the same model (record.py's GPT: 768 wide, batch 8
+// × 1024, vocab 32000; train_default.pickle): from its first step's start
+// to its first linear layer, the embeddings in float32, the layer norm's
+// three outputs in float32, then the linear's casts (bias, weight, input,
+// in that order), its output, and the cuBLAS and cuBLASLt workspaces.
+func TestEstimateAutocastAsRecorded(t *testing.T) {
+	real := firstStepRequests(t, testkit.SnapshotOf(t, "pytorch-2.11", "train_default.pickle"), false, 17)
+	out := filepath.Join(t.TempDir(), "amp.pickle")
+	cmd := estimateCmd(t, "--quiet", "--steps", "1", "--out", out, gptScript,
+		"--amp", "--batch", "8", "--seq", "1024", "--d", "768", "--layers", "1", "--vocab", "32000")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	est := firstStepRequests(t, out, true, 17)
+	if !reflect.DeepEqual(est, real) {
+		t.Fatalf("the first step's first requests:\nestimated %v\nrecorded  %v", est, real)
+	}
+}
+
+// firstStepRequests reads the first n requests (alloc and free, with
+// their sizes) from the start of a snapshot's ProfilerStep#0. An
+// estimate's times count the requests made: a region at n starts before
+// request n+1.
+func firstStepRequests(t *testing.T, path string, estimated bool, n int) []string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, err := pytorch.Unpickle(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := v.(pytorch.Dict)
+	anns, _ := top.Get("external_annotations")
+	start := int64(-1)
+	for _, a := range anns.([]any) {
+		a := a.(pytorch.Dict)
+		if name, _ := a.Get("name"); name == "ProfilerStep#0" {
+			at, _ := a.Get("time_us")
+			start = at.(int64)
+			break
+		}
+	}
+	dt, _ := top.Get("device_traces")
+	var out []string
+	for _, e := range dt.([]any)[0].([]any) {
+		e := e.(pytorch.Dict)
+		at, _ := e.Get("time_us")
+		action, _ := e.Get("action")
+		size, _ := e.Get("size")
+		if at.(int64) < start || estimated && at.(int64) == start {
+			continue
+		}
+		if action == "alloc" || action == "free_requested" {
+			out = append(out, fmt.Sprintf("%s %d", action, size))
+		}
+		if len(out) == n {
+			break
+		}
+	}
+	return out
 }

@@ -703,13 +703,22 @@ def _meta_modes(torch, rec):
             return type(x)(cast_all(y, dtype, cache) for y in x)
         return cast(x, dtype, cache)
 
+    def cast_args(args, kwargs, dtype, cache=False):
+        """The casts in the order PyTorch's autocast makes them: its
+        kernels cast their arguments as C++ function arguments, which GCC
+        evaluates last first (a real recording's linear casts its bias,
+        then its weight, then its input)."""
+        kw = {k: cast_all(v, dtype, cache) for k, v in reversed(list(kwargs.items()))}
+        out = [cast_all(a, dtype, cache) for a in reversed(args)]
+        return tuple(reversed(out)), {k: kw[k] for k in kwargs}
+
     def autocast(name, args, kwargs):
         """torch.autocast("cuda")'s casts, as its lists say."""
         lower = torch.get_autocast_gpu_dtype()
         if name in _AUTOCAST_LOWER:
-            return cast_all(args, lower, True), {k: cast_all(v, lower, True) for k, v in kwargs.items()}
+            return cast_args(args, kwargs, lower, True)
         if name in _AUTOCAST_FP32:
-            return cast_all(args, torch.float32), {k: cast_all(v, torch.float32) for k, v in kwargs.items()}
+            return cast_args(args, kwargs, torch.float32)
         if name in _AUTOCAST_FP32_DTYPE:
             t = args[0] if args else None
             if isinstance(t, T) and t.is_meta and t.dtype in lower_types and kwargs.get("dtype") is None and len(args) < 3:
@@ -719,7 +728,7 @@ def _meta_modes(torch, rec):
             ts = [t for t in _tensors((args, kwargs)) if t.is_meta and t.is_floating_point()]
             if ts:
                 widest = max((t.dtype for t in ts), key=lambda d: torch.finfo(d).bits)
-                return cast_all(args, widest), {k: cast_all(v, widest) for k, v in kwargs.items()}
+                return cast_args(args, kwargs, widest)
         return args, kwargs
 
     class CudaOnMeta(TorchFunctionMode):
