@@ -38,6 +38,28 @@ func rawRequests(t *testing.T, path string) []pytorch.Dict {
 	return out
 }
 
+// rawAnnotationTimes reads the file's external_annotations' times: the
+// requests made before each.
+func rawAnnotationTimes(t *testing.T, path string) []int64 {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, err := pytorch.Unpickle(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	anns, _ := v.(pytorch.Dict).Get("external_annotations")
+	var out []int64
+	for _, a := range anns.([]any) {
+		at, _ := a.(pytorch.Dict).Get("time_us")
+		out = append(out, at.(int64))
+	}
+	return out
+}
+
 func decodeOne(t *testing.T, path string) *pytorch.Trace {
 	t.Helper()
 	traces, err := pytorch.DecodeFile(path)
@@ -120,11 +142,26 @@ func TestEstimateDecodesThroughTheAllocator(t *testing.T) {
 	if segments == 0 {
 		t.Fatal("no segment_alloc: the requests did not go through the allocator")
 	}
+	// A region at time n in the file began after its n-th request: on the
+	// events, n requests come before it.
+	rawAnns := rawAnnotationTimes(t, estimateFile)
 	anns := tr.Annotations()
+	if len(anns) != len(rawAnns) {
+		t.Fatalf("%d annotations, the file has %d", len(anns), len(rawAnns))
+	}
 	steps := 0
-	for _, a := range anns {
+	for i, a := range anns {
 		if a.TimeUS < 0 || a.TimeUS > int64(len(tr.Events)) {
 			t.Fatalf("annotation %+v outside the events", a)
+		}
+		before := int64(0)
+		for _, ev := range tr.Events[:a.TimeUS] {
+			if ev.Action == gpu.ActionAlloc || ev.Action == gpu.ActionFreeRequested {
+				before++
+			}
+		}
+		if before != rawAnns[i] {
+			t.Fatalf("annotation %d (%s %s) at event %d: %d requests before it, the file says %d", i, a.Stage, a.Name, a.TimeUS, before, rawAnns[i])
 		}
 		if a.Stage == "END" && a.Name == "Optimizer.step#AdamW.step" {
 			steps++
