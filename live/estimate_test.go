@@ -13,9 +13,11 @@ import (
 	"strings"
 	"testing"
 
+	"vramscope/gpu"
 	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 	"vramscope/server"
+	"vramscope/store"
 )
 
 // The estimate's scripts: a small GPT trained with AdamW, and the harness
@@ -259,4 +261,28 @@ func firstStepRequests(t *testing.T, path string, estimated bool, n int) []strin
 		}
 	}
 	return out
+}
+
+// --url uploads the estimate to a server, where it is stored as an
+// estimate of the device it was made for, and the link is printed.
+func TestEstimateUploads(t *testing.T) {
+	db := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
+	t.Cleanup(srv.Close)
+	cmd := estimateCmd(t, "--url", srv.URL, "--device-memory", "24GiB", gptScript, "--batch", "2", "--seq", "32")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out)
+	}
+	ts, _, err := db.TraceList(store.ListQuery{})
+	if err != nil || len(ts) != 1 {
+		t.Fatalf("%d traces stored, %v", len(ts), err)
+	}
+	tr := ts[0]
+	if tr.Source != gpu.SourceEstimate || tr.Capacity != 24<<30-512<<20 || tr.Name != "estimate_gpt.py --batch 2 --seq 32 (estimate)" {
+		t.Fatalf("stored %+v", tr)
+	}
+	if !strings.Contains(string(out), "vramscope: estimate: "+srv.URL+"/traces/"+tr.ID) {
+		t.Fatalf("no link to the trace:\n%s", out)
+	}
 }

@@ -193,3 +193,35 @@ func TestEstimateTooSmall(t *testing.T) {
 		t.Fatalf("stored %+v, %v", ts, err)
 	}
 }
+
+// --alloc-conf is the script's PYTORCH_CUDA_ALLOC_CONF: the estimate's
+// requests run through the allocator under it (expandable segments map
+// pages rather than allocate segments).
+func TestEstimateUnderSettings(t *testing.T) {
+	dbPath := filepath.Join(t.TempDir(), "e.db")
+	res := runEstimateJSON(t, dbPath, gptConfig{batch: 2, seq: 32, layers: 2, d: 64, vocab: 256}, "--alloc-conf", "expandable_segments:True")
+	if res.AllocConf != "expandable_segments:True" {
+		t.Fatalf("estimated under %q", res.AllocConf)
+	}
+	db, err := store.Open(dbPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	rec, err := db.Recording(res.Trace)
+	if err != nil {
+		t.Fatal(err)
+	}
+	maps := 0
+	for _, e := range rec.Events {
+		switch e.Action {
+		case gpu.ActionSegmentMap:
+			maps++
+		case gpu.ActionSegmentAlloc:
+			t.Fatalf("a segment allocated under expandable segments: %v", e)
+		}
+	}
+	if rec.Settings != "expandable_segments:True" || maps == 0 {
+		t.Fatalf("settings %q, %d maps", rec.Settings, maps)
+	}
+}
