@@ -286,3 +286,48 @@ func TestEstimateUploads(t *testing.T) {
 		t.Fatalf("no link to the trace:\n%s", out)
 	}
 }
+
+// A mixed-precision loop with GradScaler, gradient clipping and a
+// pinned-memory DataLoader runs under the estimate: GradScaler's unscale
+// and update only write into tensors they are given, so they need no
+// kernel on the stand-in device.
+func TestEstimateGradScaler(t *testing.T) {
+	dir := t.TempDir()
+	script := filepath.Join(dir, "amp.py")
+	src := `import torch, torch.nn as nn
+model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 10)).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+scaler = torch.cuda.amp.GradScaler()
+ds = torch.utils.data.TensorDataset(torch.randn(64, 64), torch.randint(0, 10, (64,)))
+for x, y in torch.utils.data.DataLoader(ds, batch_size=16, pin_memory=True):
+    x, y = x.cuda(non_blocking=True), y.cuda(non_blocking=True)
+    with torch.cuda.amp.autocast():
+        loss = nn.functional.cross_entropy(model(x), y)
+    scaler.scale(loss).backward()
+    scaler.unscale_(opt)
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+`
+	if err := os.WriteFile(script, []byte(src), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "amp.pickle")
+	if b, err := estimateCmd(t, "--quiet", "--out", out, script).CombinedOutput(); err != nil {
+		t.Fatalf("%v\n%s", err, b)
+	}
+	f, err := os.Open(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, err := pytorch.Unpickle(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark, _ := v.(pytorch.Dict).Get(pytorch.EstimateKey)
+	if steps, _ := mark.(pytorch.Dict).Get("steps"); steps != int64(3) {
+		t.Fatalf("%v optimizer steps, want 3", steps)
+	}
+}

@@ -807,6 +807,14 @@ def _watch_mode(torch, rec):
                 out = func(*args, **kwargs)
             except _Stop:
                 raise
+            except NotImplementedError as e:
+                # An op that only writes into the tensors it is given makes
+                # no storage: without a kernel for it, nothing is missed.
+                done, out = _written_in_place(func, args, kwargs)
+                if not done:
+                    if rec.failure is None and rec.recording and any(rec.is_stand_in(t) for t in _tensors((args, kwargs))):
+                        rec.failure = (str(func), rec.where(), e)
+                    raise
             except Exception as e:
                 if rec.failure is None and rec.recording and any(rec.is_stand_in(t) for t in _tensors((args, kwargs))):
                     rec.failure = (str(func), rec.where(), e)
@@ -816,6 +824,33 @@ def _watch_mode(torch, rec):
             return out
 
     return Watch
+
+
+def _written_in_place(func, args, kwargs):
+    """For an op whose every result is one of the tensors it writes into
+    (GradScaler's unscale and update, say): (True, those results). Else
+    (False, None)."""
+    schema = getattr(func, "_schema", None)
+    if schema is None:
+        return False, None
+    written = {}
+    for i, a in enumerate(schema.arguments):
+        info = a.alias_info
+        if info is not None and info.is_write:
+            value = args[i] if i < len(args) else kwargs.get(a.name)
+            for name in info.before_set:
+                written[name] = value
+    results = []
+    for r in schema.returns:
+        info = r.alias_info
+        if info is None or not info.is_write or not info.before_set or next(iter(info.before_set)) not in written:
+            return False, None
+        results.append(written[next(iter(info.before_set))])
+    if not written:
+        return False, None
+    if not results:
+        return True, None
+    return True, results[0] if len(results) == 1 else tuple(results)
 
 
 # ---------------------------------------------------------------- running the script
@@ -841,7 +876,7 @@ def _op_failure_message(op, where, err, torch_version):
     if name in _VALUE_SIZED:
         why = "its output's size depends on tensor values, which an estimate does not compute"
     elif isinstance(err, NotImplementedError) or "Meta" in first or "meta" in first:
-        why = "the stand-in device cannot run it (PyTorch %s has no meta kernel for it): %s" % (torch_version, first)
+        why = "the stand-in device cannot run it: PyTorch %s has no meta kernel for it" % torch_version
     else:
         why = first
     return "%s: %s failed on the stand-in device: %s" % (where, op, why)
