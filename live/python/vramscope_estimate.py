@@ -185,7 +185,6 @@ class Recorder:
         self.value_sites = []
         self.failure = None  # the first op that could not run: (op, where, message)
         self.workspaces = {}  # (kind, thread) -> bytes
-        self.regions = []  # open record_function regions
         self.backward_codes = set()
         self.main_thread = threading.get_ident()
         self.script_files = set()
@@ -203,13 +202,11 @@ class Recorder:
 
     def frames(self):
         """The Python frames of the call being served, innermost first, up
-        to the script's module, without this module's, PyTorch's dispatch
-        machinery's, or the duplicate entry of a function a mode
-        intercepted. Inside
-        autograd's backward there are none but those of Python code the
-        engine calls (custom Functions, hooks, checkpoints' recomputation):
-        on a GPU the engine runs on a thread of its own. Returns (frames,
-        in_backward)."""
+        to the script's module, without this module's, the modes', or the
+        duplicate entry of a function a mode intercepted. Inside autograd's
+        backward there are none but those of Python code the engine calls
+        (custom Functions, hooks, checkpoints' recomputation): on a GPU the
+        engine runs on a thread of its own. Returns (frames, in_backward)."""
         out = []
         f = sys._getframe(2)
         skip_caller = False
@@ -360,14 +357,14 @@ class Recorder:
 
 _SELF_FILE = os.path.splitext(os.path.abspath(__file__))[0]
 _WATCH_FILE = os.path.join(os.path.dirname(_SELF_FILE), "vramscope_watch")
-_MACHINERY = tuple(os.path.join("torch", p) for p in ("overrides.py", os.path.join("utils", "_python_dispatch.py"),
-                                                        "_subclasses" + os.sep, "_ops.py"))
+_MODE_FILES = tuple(os.path.join("torch", p) for p in ("overrides.py", os.path.join("utils", "_python_dispatch.py"), "_ops.py"))
+_SUBCLASSES = os.path.join("torch", "_subclasses", "")
 
 
 def _machinery(filename):
-    """Frames no real run has: this module's, and those of the modes."""
-    return filename.startswith(_SELF_FILE) or filename.endswith(_MACHINERY) or _MACHINERY[2] in filename or \
-        os.path.splitext(filename)[0] == _WATCH_FILE
+    """Frames no real run has: this module's and the watcher's, and those
+    of the modes (FakeTensorMode's included)."""
+    return os.path.splitext(filename)[0] in (_SELF_FILE, _WATCH_FILE) or filename.endswith(_MODE_FILES) or _SUBCLASSES in filename
 
 
 def _rounded(size):
