@@ -148,6 +148,9 @@ func runEstimate(args []string, stdout, stderr io.Writer) error {
 	}
 
 	traces, err := pytorch.DecodeFile(snapshot)
+	if err == nil && len(traces) == 1 && len(traces[0].Events) == 0 {
+		return fmt.Errorf("%s allocated nothing on the GPU: does it move its model and data to cuda?", script)
+	}
 	if err == nil {
 		traces, err = pytorch.Devices(traces, -1)
 	}

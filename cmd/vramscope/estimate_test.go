@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -223,5 +224,38 @@ func TestEstimateUnderSettings(t *testing.T) {
 	}
 	if rec.Settings != "expandable_segments:True" || maps == 0 {
 		t.Fatalf("settings %q, %d maps", rec.Settings, maps)
+	}
+}
+
+// Mistakes exit with status 2 and say what; a script that leaves the GPU
+// alone, or fails, exits with 1 and says so.
+func TestEstimateCommandErrors(t *testing.T) {
+	py := testkit.TorchPython(t)
+	dir := t.TempDir()
+	cpuOnly := filepath.Join(dir, "cpu_only.py")
+	failing := filepath.Join(dir, "failing.py")
+	for path, src := range map[string]string{cpuOnly: "import torch\nx = torch.ones(3) * 2\n",
+		failing: "import torch\nx = torch.ones(3, device='cuda')\nraise SystemExit(3)\n"} {
+		if err := os.WriteFile(path, []byte(src), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db := filepath.Join(dir, "e.db")
+	for _, c := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"--device-memory", "16", "--", cpuOnly}, 2, "--device-memory 16 is 16 B: give a unit"},
+		{[]string{"--alloc-conf", "expandable_segments:maybe", "--", cpuOnly}, 2, "--alloc-conf"},
+		{[]string{"--", filepath.Join(dir, "missing.py")}, 2, "missing.py: no such script"},
+		{[]string{}, 2, "give the script to estimate"},
+		{[]string{"--", cpuOnly}, 1, "cpu_only.py allocated nothing on the GPU"},
+		{[]string{"--", failing}, 1, "exited with status 3 before the estimate was done"},
+	} {
+		code, _, errs := runCmd(append([]string{"estimate", "--python", py, "--db", db}, c.args...)...)
+		if code != c.code || !strings.Contains(errs, c.want) {
+			t.Errorf("estimate %s: exit %d, want %d with %q:\n%s", strings.Join(c.args, " "), code, c.code, c.want, errs)
+		}
 	}
 }
