@@ -634,7 +634,7 @@ def _stand_in_values(torch, rec):
         if t.dim() == 0:
             rec.value()
             return format(zero(t), spec)
-        return format(repr(t), spec)
+        return format(shown(args, kwargs), spec)
 
     def on_cpu(args, kwargs):
         rec.value()
@@ -644,8 +644,13 @@ def _stand_in_values(torch, rec):
     def numpy(args, kwargs):
         return on_cpu(args, kwargs).numpy()
 
-    return {T.item: item, T.tolist: tolist, T.__bool__: scalar(bool), T.__int__: scalar(int),
-            T.__float__: scalar(float), T.__index__: scalar(int), T.__format__: fmt, T.cpu: on_cpu, T.numpy: numpy}
+    def shown(args, kwargs):
+        rec.value()
+        t = args[0]
+        return "tensor(<not computed: estimated on a CPU>, size=%s, dtype=%s, device='cuda:0')" % (tuple(t.shape), t.dtype)
+
+    return {T.item: item, T.tolist: tolist, T.__bool__: scalar(bool), T.__int__: scalar(int), T.__float__: scalar(float),
+            T.__index__: scalar(int), T.__format__: fmt, T.cpu: on_cpu, T.numpy: numpy, T.__repr__: shown}
 
 
 def _is_cuda(d):
