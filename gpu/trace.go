@@ -14,7 +14,14 @@ const (
 	SourceSnapshot TraceSource = "snapshot"
 	SourceLive     TraceSource = "live"
 	SourceReplay   TraceSource = "replay"
+	// SourceEstimate: a script's requests estimated on a CPU (CUDA stood
+	// in for) and run through the allocator; not recorded.
+	SourceEstimate TraceSource = "estimate"
 )
+
+// EstimateNote is what every page and command says where the figures of
+// an estimate appear.
+const EstimateNote = "estimated on a CPU, not recorded"
 
 // TraceStatus is a trace's state: live while a writer appends to it,
 // complete or failed once closed, incomplete when its writer went away
@@ -249,4 +256,9 @@ type Recording struct {
 	// Stacks are distinct: StackID i is Stacks[i-1].
 	Stacks      []Stack
 	Annotations []Annotation
+	// Estimated: the events were not recorded but estimated on a CPU
+	// (a script run with CUDA stood in for, its requests run through the
+	// allocator); Capacity is then the device it was estimated for, less
+	// what lies outside the allocator.
+	Estimated bool
 }

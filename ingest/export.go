@@ -79,7 +79,7 @@ func Traces(db *store.DB, id string, device int) ([]*pytorch.Trace, error) {
 		t.Snapshot = snap
 		if settings != nil {
 			t.Settings.Raw = settings
-		} else if g.Upload == "" || g.Source != gpu.SourceSnapshot {
+		} else if g.Upload == "" || g.Source != gpu.SourceSnapshot && g.Source != gpu.SourceEstimate {
 			// Stored before uploads kept settings: as PyTorch would write them.
 			t.Settings = pytorch.SettingsFromRules(g.Settings, g.Rules)
 		}

@@ -60,13 +60,15 @@ type DeviceFigures struct {
 	Reserved  uint64 `json:"reserved_bytes"`
 	OOMs      int    `json:"ooms"`
 	TraceID   string `json:"trace_id,omitempty"`
+	// Estimated: the snapshot was estimated on a CPU, not recorded.
+	Estimated bool `json:"estimated,omitempty"`
 }
 
 // FiguresOf sums up a decoded device.
 func FiguresOf(t *pytorch.Trace) DeviceFigures {
 	fg := t.Final.Figures()
 	return DeviceFigures{Device: t.Device, Segments: fg.Segments, Blocks: fg.Blocks, Events: len(t.Events),
-		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs()}
+		Allocated: fg.Allocated, Reserved: fg.Reserved, OOMs: t.OOMs(), Estimated: t.Estimate() != nil}
 }
 
 // runWorkers is how many files Run decodes side by side: one per core.

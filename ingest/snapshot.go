@@ -108,6 +108,13 @@ func stage(ctx context.Context, db *store.DB, traces []*pytorch.Trace, name stri
 	for _, t := range traces {
 		meta := gpu.TraceMeta{Name: name, Source: gpu.SourceSnapshot, DeviceOrdinal: t.Device,
 			DeviceName: fmt.Sprintf("cuda:%d", t.Device), Settings: t.Settings.Conf, Upload: s.ID, NoTime: !t.HasTime}
+		if e := t.Estimate(); e != nil {
+			// the device it was estimated for, as far as the allocator has it
+			meta.Source, meta.Capacity = gpu.SourceEstimate, e.Capacity()
+			if e.DeviceName != "" {
+				meta.DeviceName = e.DeviceName
+			}
+		}
 		if len(traces) > 1 {
 			meta.Name = fmt.Sprintf("%s (cuda:%d)", name, t.Device)
 		}

@@ -9,8 +9,8 @@ import (
 )
 
 // pip install of live/python (offline, without build isolation: the
-// build backend is the machine's setuptools and wheel) installs the one
-// module the server serves, and its command.
+// build backend is the machine's setuptools and wheel) installs the
+// modules the server serves, and the command, which estimates too.
 func TestPythonPackageInstalls(t *testing.T) {
 	py := ""
 	for _, p := range []string{"python3", "/usr/bin/python3"} {
@@ -28,7 +28,7 @@ func TestPythonPackageInstalls(t *testing.T) {
 	// A copy: pip builds in the folder it is given.
 	src := filepath.Join(t.TempDir(), "python")
 	os.Mkdir(src, 0o755)
-	for _, f := range []string{"pyproject.toml", "vramscope_watch.py"} {
+	for _, f := range []string{"pyproject.toml", "vramscope_watch.py", "vramscope_estimate.py"} {
 		b, err := os.ReadFile(filepath.Join("python", f))
 		if err != nil {
 			t.Fatal(err)
@@ -51,7 +51,10 @@ func TestPythonPackageInstalls(t *testing.T) {
 	if string(installed) != string(served) {
 		t.Fatalf("installed %s is not the served module", where)
 	}
-	if out := run(filepath.Join(venv, "bin", "vramscope-watch"), "--help"); !strings.Contains(out, "--on-oom") {
+	if out := run(filepath.Join(venv, "bin", "vramscope-watch"), "--help"); !strings.Contains(out, "--on-oom") || !strings.Contains(out, "--estimate") {
 		t.Fatalf("vramscope-watch --help:\n%s", out)
+	}
+	if out := run(filepath.Join(venv, "bin", "vramscope-watch"), "--estimate", "--help"); !strings.Contains(out, "--device-memory") {
+		t.Fatalf("vramscope-watch --estimate --help:\n%s", out)
 	}
 }

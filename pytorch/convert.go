@@ -7,6 +7,7 @@ import (
 	"unsafe"
 
 	"vramscope/gpu"
+	"vramscope/gpu/caching"
 )
 
 const (
@@ -209,6 +210,10 @@ func (c *converter) build(root Value) ([]*Trace, error) {
 		return nil, bad("top level", "want a dict or a list of segments, found %s", d.describe(root))
 	}
 
+	est, err := snap.estimate()
+	if err != nil {
+		return nil, err
+	}
 	settings := Settings{Rules: gpu.DefaultRules()}
 	if settingsV.kind != kEmpty {
 		x, err := d.toAny(settingsV, 1)
@@ -224,6 +229,10 @@ func (c *converter) build(root Value) ([]*Trace, error) {
 			settings.Conf, _ = conf.(string)
 		}
 		settings.Rules = rulesFrom(raw)
+		if cfg, err := caching.ParseConfig(settings.Conf); err == nil && est != nil {
+			// the estimator writes the settings string alone
+			settings.Rules = cfg.Rules
+		}
 	}
 
 	segs, err := c.segments(segsV)
@@ -273,6 +282,11 @@ func (c *converter) build(root Value) ([]*Trace, error) {
 			t.Events, t.ExtraOf = el.all(), el.extra
 			t.HasTime = el.timed > 0
 			c.fixTimes(t, el)
+		}
+		if est != nil && requestsOnly(t) && len(t.Events) > 0 {
+			if err := c.materialize(t, est); err != nil {
+				return nil, err
+			}
 		}
 		if err := c.finishLayout(t); err != nil {
 			return nil, err

@@ -54,6 +54,10 @@ type Trace struct {
 	Warnings []string
 }
 
+// Estimate returns what the snapshot says of itself when it is an
+// estimate made on a CPU (see EstimateKey), nil otherwise.
+func (t *Trace) Estimate() *Estimate { return t.Snapshot.Estimate() }
+
 // Annotations returns the external_annotations of the trace's device.
 func (t *Trace) Annotations() []Annotation {
 	if t.Snapshot == nil {
@@ -118,6 +122,9 @@ func Devices(traces []*Trace, device int) ([]*Trace, error) {
 // record its device's capacity.
 func (t *Trace) Recording() gpu.Recording {
 	rec := gpu.Recording{Initial: t.Initial, Events: t.Events, Settings: t.Settings.Replay(), Device: t.Device, Stacks: t.Stacks}
+	if e := t.Estimate(); e != nil {
+		rec.Capacity, rec.Estimated = e.Capacity(), true
+	}
 	for i, info := range t.Segments {
 		if info.PoolID != ([2]int64{}) && i < len(t.Final.Segments) {
 			if rec.Pools == nil {

@@ -12,8 +12,10 @@ type CapacitySource string
 const (
 	CapacityUnknown  CapacitySource = ""
 	CapacityRecorded CapacitySource = "recorded" // the trace kept its device's capacity
-	CapacityOOM      CapacitySource = "oom"      // reserved + device free at the first oom entry
-	CapacityRetries  CapacitySource = "retries"  // the bounds the free-and-retry paths imply
+	// the device a CPU estimate was made for, less what lies outside the allocator
+	CapacityEstimated CapacitySource = "estimate"
+	CapacityOOM       CapacitySource = "oom"     // reserved + device free at the first oom entry
+	CapacityRetries   CapacitySource = "retries" // the bounds the free-and-retry paths imply
 	// the most the reservations for expandable segments leave room for
 	CapacityReservations CapacitySource = "reservations"
 	CapacityGiven        CapacitySource = "given"   // asked for (--capacity)
@@ -59,6 +61,8 @@ func (c Capacity) From() string {
 	switch c.Source {
 	case CapacityRecorded:
 		return "recorded with the trace"
+	case CapacityEstimated:
+		return "the device the estimate was made for, less the CUDA context"
 	case CapacityOOM:
 		// Not the card: what the allocator could have had then.
 		return fmt.Sprintf("inferred from the OOM at event %d, what this allocator had then: reserved plus free on the device; the recording does not say the device's size", c.OOMSeq)

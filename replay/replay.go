@@ -297,6 +297,7 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		}
 	}
 	ids := make(map[uint64]int64)
+	served := make(map[int]int64) // alloc events that serve the request of an oom before them, to its id
 	pending := make(map[uint64]int64)
 	waiting := make(map[uint64]int64) // deferred frees, by address, until their free_completed
 	var next int64
@@ -316,6 +317,10 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		}
 		switch e.Action {
 		case gpu.ActionAlloc:
+			if id, ok := served[i]; ok {
+				ids[e.Addr] = id
+				continue
+			}
 			next++
 			ids[e.Addr] = next
 			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: e.Size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, Pool: pools[i]})
@@ -345,10 +350,37 @@ func fromEvents(initial *gpu.Layout, events []gpu.Event, emptyCache map[int]bool
 		case gpu.ActionOOM:
 			// The request that failed: replayed, it may succeed under other settings.
 			next++
-			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: e.Size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, OOM: true})
+			size := e.Size
+			if j := servedAfter(events, i); j >= 0 {
+				// then served (see servedAfter): its free frees it
+				served[j], size = next, events[j].Size
+			}
+			reqs = append(reqs, Request{Op: OpMalloc, ID: next, Size: size, Stream: e.Stream, Stack: e.Stack, TimeUS: e.TimeUS, OOM: true})
 		}
 	}
 	return reqs
+}
+
+// servedAfter returns the index of the alloc event that serves the
+// request of the oom at events[i] (an estimate's requests, run through
+// the allocator, go on after the first oom as on a larger device: see
+// package pytorch), or -1: the first event after it other than the
+// segments taken for it, when it is an alloc on the same stream with the
+// same frames and a size the oom's rounded size covers.
+func servedAfter(events []gpu.Event, i int) int {
+	oom := &events[i]
+	for j := i + 1; j < len(events); j++ {
+		switch e := &events[j]; e.Action {
+		case gpu.ActionSegmentAlloc, gpu.ActionSegmentMap:
+			continue
+		case gpu.ActionAlloc:
+			if e.Stream == oom.Stream && e.Stack == oom.Stack && e.Size <= oom.Size {
+				return j
+			}
+		}
+		return -1
+	}
+	return -1
 }
 
 // allocPools reads which private pool served each alloc of a recording

@@ -32,6 +32,9 @@ type Stream struct {
 	Stacks []gpu.Stack
 	// Annotations are the recording's steps and phases.
 	Annotations []gpu.Annotation
+	// Estimated: the stream was estimated on a CPU, not recorded
+	// (gpu.Recording's Estimated).
+	Estimated bool
 
 	addr addresses
 }
@@ -49,7 +52,8 @@ type regionKey struct {
 // from its first OOM, else bounded by its free-and-retry paths (see
 // inferRuns); Capacity.Bytes is 0 when nothing says.
 func FromRecording(rec gpu.Recording) Stream {
-	s := Stream{Initial: rec.Initial, Settings: rec.Settings, Ordinal: rec.Device, Stacks: rec.Stacks, Annotations: rec.Annotations, addr: recordedAddresses(rec.Initial, rec.Events)}
+	s := Stream{Initial: rec.Initial, Settings: rec.Settings, Ordinal: rec.Device, Stacks: rec.Stacks, Annotations: rec.Annotations,
+		Estimated: rec.Estimated, addr: recordedAddresses(rec.Initial, rec.Events)}
 	ctx := runContext{rules: gpu.DefaultRules(), capacity: rec.Capacity, limit: rec.Capacity, addr: &s.addr}
 	cfg, err := caching.ParseConfig(rec.Settings)
 	if err == nil {
@@ -70,6 +74,9 @@ func FromRecording(rec gpu.Recording) Stream {
 	s.Limit = ev.limit
 	if rec.Capacity > 0 {
 		s.Capacity = Capacity{Bytes: rec.Capacity, Source: CapacityRecorded, PeakReserved: ev.capacity.PeakReserved}
+		if rec.Estimated {
+			s.Capacity.Source = CapacityEstimated
+		}
 	}
 	// Of the capacities the retries allow, the one closest to what keeps
 	// the reservations apart (see sim.Recorded).

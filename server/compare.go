@@ -87,5 +87,5 @@ func (s *Server) pageCompare(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	render(w, r, http.StatusOK, web.CompareView(page(ts[0].Title()+" vs "+ts[1].Title()), ts[0], ts[1]))
+	render(w, r, http.StatusOK, web.CompareView(s.pageOf(ts[0].Title()+" vs "+ts[1].Title(), ts[:], "A", "B"), ts[0], ts[1]))
 }

@@ -164,5 +164,5 @@ func (s *Server) pageIncident(w http.ResponseWriter, r *http.Request) {
 		render(w, r, http.StatusNotFound, web.NotFound(page("Not found"), msg))
 		return
 	}
-	render(w, r, http.StatusOK, web.IncidentPage(page(t.Title()+" · incident "+strconv.Itoa(n)), t, all, n, s.batchFit(r, t)))
+	render(w, r, http.StatusOK, web.IncidentPage(s.pageOf(t.Title()+" · incident "+strconv.Itoa(n), []gpu.Trace{t}), t, all, n, s.batchFit(r, t)))
 }

@@ -34,8 +34,10 @@ func (s *Server) mountLive(r chi.Router) {
 		}
 		hub.ServeViewer(w, r, tr)
 	})
-	r.Get("/"+python.FileName, func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
-		w.Write(python.Source)
-	})
+	for name, src := range map[string][]byte{python.FileName: python.Source, python.EstimateFileName: python.EstimateSource} {
+		r.Get("/"+name, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
+			w.Write(src)
+		})
+	}
 }

@@ -10,12 +10,54 @@ import (
 
 	"vramscope/attrib"
 	"vramscope/gpu"
+	"vramscope/pytorch"
 	"vramscope/static"
 	"vramscope/store"
 	"vramscope/web"
 )
 
 func page(title string) web.Page { return web.Page{Title: title, Assets: static.Prefix()} }
+
+// pageOf is page(title) for a page of the traces ts: each estimate among
+// them says above the figures that it was estimated on a CPU, and what
+// it could not see. labels name the traces when there are several.
+func (s *Server) pageOf(title string, ts []gpu.Trace, labels ...string) web.Page {
+	p := page(title)
+	for i, t := range ts {
+		if t.Source != gpu.SourceEstimate {
+			continue
+		}
+		prefix := ""
+		if i < len(labels) {
+			prefix = labels[i] + ": "
+		}
+		e := s.estimateOf(t)
+		if e == nil {
+			p.Notes = append(p.Notes, prefix+"Estimated on a CPU, not recorded.")
+			continue
+		}
+		sum := e.Summary()
+		p.Notes = append(p.Notes, prefix+strings.ToUpper(sum[:1])+sum[1:]+".")
+		if b := e.Beyond(); b != "" {
+			p.Notes = append(p.Notes, prefix+b+".")
+		}
+	}
+	return p
+}
+
+// estimateOf reads what an estimate's snapshot said of itself; nil when
+// it cannot be read.
+func (s *Server) estimateOf(t gpu.Trace) *pytorch.Estimate {
+	u, err := s.opt.DB.Upload(t.Upload)
+	if err != nil {
+		return nil
+	}
+	top, err := pytorch.ParseTop(u.Top)
+	if err != nil {
+		return nil
+	}
+	return top.Estimate()
+}
 
 func render(w http.ResponseWriter, r *http.Request, status int, c templ.Component) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -75,7 +117,7 @@ func (s *Server) runRows(ts []gpu.Trace) (map[string]web.RunRow, error) {
 // pageTrace is the trace view: a frame that view.js fills from the API.
 func (s *Server) pageTrace(w http.ResponseWriter, r *http.Request) {
 	if t, ok := s.traceOfPage(w, r); ok {
-		render(w, r, http.StatusOK, web.TraceView(page(t.Title()), t, s.stepsWindow(t)))
+		render(w, r, http.StatusOK, web.TraceView(s.pageOf(t.Title(), []gpu.Trace{t}), t, s.stepsWindow(t)))
 	}
 }
 

@@ -244,7 +244,7 @@ func (s *Server) pagePredict(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		status = http.StatusBadRequest
 	}
-	render(w, r, status, web.PredictPage(page("Predict: "+ts[0].Title()+" vs "+ts[1].Title()), v))
+	render(w, r, status, web.PredictPage(s.pageOf("Predict: "+ts[0].Title()+" vs "+ts[1].Title(), ts[:], "A", "B"), v))
 }
 
 // batchPair finds, for a trace that ran out of memory, two complete

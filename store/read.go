@@ -455,7 +455,7 @@ func (db *DB) Recording(id string) (gpu.Recording, error) {
 		return gpu.Recording{}, err
 	}
 	rec := gpu.Recording{Initial: initial, Settings: r.trace.Settings, Device: r.trace.DeviceOrdinal, Capacity: r.trace.Capacity,
-		Events: make([]gpu.Event, 0, r.trace.Events)}
+		Events: make([]gpu.Event, 0, r.trace.Events), Estimated: r.trace.Source == gpu.SourceEstimate}
 	err = r.events(0, r.trace.LastSeq+1, func(e *gpu.Event) bool { rec.Events = append(rec.Events, *e); return true })
 	if err != nil {
 		return rec, err

@@ -222,7 +222,7 @@ func (db *DB) createTrace(meta gpu.TraceMeta, initial *gpu.Layout, status string
 	}
 	db.be.takeReserve() // a new trace may fill the disk: keep room to delete it
 	switch meta.Source {
-	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay:
+	case gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay, gpu.SourceEstimate:
 	default:
 		return nil, fmt.Errorf("store: unknown trace source %q", meta.Source)
 	}

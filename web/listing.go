@@ -113,7 +113,7 @@ func (l Listing) AriaSort(key string) string {
 
 // Sources and Statuses are the choices of the list's filters.
 var (
-	Sources  = []gpu.TraceSource{gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay}
+	Sources  = []gpu.TraceSource{gpu.SourceTrace, gpu.SourceSnapshot, gpu.SourceLive, gpu.SourceReplay, gpu.SourceEstimate}
 	Statuses = []gpu.TraceStatus{gpu.StatusLive, gpu.StatusComplete, gpu.StatusIncomplete, gpu.StatusFailed}
 )
 

@@ -99,6 +99,9 @@ func printCompare(w io.Writer, r *compare.Result) error {
 		side compare.Side
 	}{{"A", r.A}, {"B", r.B}} {
 		fmt.Fprintf(w, "%s  %s  %s (%d events, %s)\n", s.name, s.side.ID, oneLine(s.side.Title()), s.side.Events, oneLine(s.side.DeviceName))
+		if s.side.Source == gpu.SourceEstimate {
+			fmt.Fprintf(w, "   %s\n", gpu.EstimateNote)
+		}
 		if s.side.SampledEvery > 1 {
 			fmt.Fprintf(w, "   compared at a sample: each kept event stands for %d (those with the least and the most bytes)\n", s.side.SampledEvery)
 		}

@@ -87,6 +87,9 @@ func runFit(args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("%s: %w", p, err)
 		}
 		recs[i] = predict.Recording{Name: p, At: values[i], Stream: s}
+		if s.Estimated && !*asJSON {
+			fmt.Fprintf(stdout, "%s: %s\n", oneLine(p), gpu.EstimateNote)
+		}
 	}
 	res, err := predict.Answer(dim, recs, o)
 	if errors.Is(err, predict.ErrNotSameProgram) {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/pytorch"
 	"vramscope/store"
@@ -132,6 +133,9 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 func printFigures(w io.Writer, o ingest.DeviceFigures, prefix, addr string) {
 	fmt.Fprintf(w, "%sdevice %d: %d segments, %d blocks, %d events, %d B allocated, %d B reserved, %d OOMs",
 		prefix, o.Device, o.Segments, o.Blocks, o.Events, o.Allocated, o.Reserved, o.OOMs)
+	if o.Estimated {
+		fmt.Fprintf(w, " (%s)", gpu.EstimateNote)
+	}
 	if o.TraceID != "" {
 		fmt.Fprintf(w, ", trace %s: %s/traces/%s", o.TraceID, addr, o.TraceID)
 	}

@@ -62,6 +62,9 @@ func runReplay(args []string, stdout, stderr io.Writer) error {
 	if *asJSON {
 		return writeReplayJSON(stdout, a, res, stream.Capacity)
 	}
+	if stream.Estimated {
+		fmt.Fprintf(stdout, "the requests were %s\n", gpu.EstimateNote)
+	}
 	fmt.Fprintf(stdout, "%d requests replayed on a simulated device: %s\n", len(stream.Requests), stream.Capacity)
 	fmt.Fprintf(stdout, "settings: %s\n", settingsText(cfg.String(), stream.Settings))
 	for _, o := range res.OOMs {

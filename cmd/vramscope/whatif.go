@@ -50,6 +50,9 @@ func runWhatIf(args []string, stdout, stderr io.Writer) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(rows)
 	}
+	if stream.Estimated {
+		fmt.Fprintf(stdout, "the requests were %s\n", gpu.EstimateNote)
+	}
 	fmt.Fprintf(stdout, "%d requests replayed on a simulated device: %s\n", table.Requests, stream.Capacity)
 	if table.Limit != nil {
 		fmt.Fprintf(stdout, "under %s\n", table.Limit)

@@ -14,6 +14,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	"vramscope/gpu"
@@ -164,6 +165,35 @@ func Python3(tb testing.TB, script string, args ...string) []byte {
 	}
 	return out
 }
+
+// TorchPython is a Python that imports torch, for the tests that run
+// scripts through the estimate: python3 on PATH, else /usr/bin/python3
+// (Debian's python3-torch). Without one the test fails in CI and is
+// skipped elsewhere.
+func TorchPython(tb testing.TB) string {
+	tb.Helper()
+	torchPythonOnce.Do(func() {
+		for _, name := range []string{"python3", "/usr/bin/python3", "python"} {
+			p, err := exec.LookPath(name)
+			if err == nil && exec.Command(p, "-c", "import torch").Run() == nil {
+				torchPython = p
+				return
+			}
+		}
+	})
+	if torchPython == "" {
+		if os.Getenv("CI") == "true" {
+			tb.Fatal("a Python that imports torch is needed (apt-get install python3-torch)")
+		}
+		tb.Skip("no Python here imports torch")
+	}
+	return torchPython
+}
+
+var (
+	torchPythonOnce sync.Once
+	torchPython     string
+)
 
 // Replaying is a workload that replays reqs, one request per 10 µs.
 func Replaying(reqs []replay.Request) tracer.Workload {

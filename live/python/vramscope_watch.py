@@ -12,6 +12,12 @@ every rank reports as a rank of one run):
     python -m vramscope_watch --on-oom --dir oom/ train.py ARGS...
     torchrun --nproc-per-node 8 -m vramscope_watch --url URL train.py ARGS...
 
+Before there is a GPU, --estimate runs the script on a CPU with CUDA stood
+in for and writes (or uploads) the requests it would make of the caching
+allocator (vramscope_estimate.py, beside this file):
+
+    python -m vramscope_watch --estimate [--steps 3] [--device-memory 80GiB] train.py ARGS...
+
 watch() turns on PyTorch's memory-history recording (Python frames only
 unless stacks="all": C++ frames cost far more to record and to read), and a
 background thread reads what the allocator recorded every interval and
@@ -790,11 +796,33 @@ def on_oom(url=None, dir=None, **kw):
     return OOMWatcher(url=url, dir=dir, **kw).start()
 
 
+def _estimate_args(argv):
+    """argv without its --estimate flag when it asks for an estimate (the
+    flag before the script), else None."""
+    for i, a in enumerate(argv):
+        if a == "--estimate":
+            return argv[:i] + argv[i + 1:]
+        if a == "--" or not a.startswith("-") and os.path.isfile(a):
+            return None
+    return None
+
+
 def main(argv=None):
     """python -m vramscope_watch [options] SCRIPT ARGS...: runs SCRIPT as
-    python would, watched."""
+    python would, watched. With --estimate, estimates its memory on a CPU
+    instead (vramscope_estimate)."""
     import argparse
     import runpy
+
+    rest = _estimate_args(sys.argv[1:] if argv is None else list(argv))
+    if rest is not None:
+        try:
+            import vramscope_estimate
+        except ImportError:
+            print("vramscope: --estimate needs vramscope_estimate.py beside vramscope_watch.py (a vramscope server serves "
+                  "it at /vramscope_estimate.py; pip install of vramscope-watch has both)", file=sys.stderr)
+            return 2
+        return vramscope_estimate.main(rest)
 
     p = argparse.ArgumentParser(prog="python -m vramscope_watch",
                                 description="Run a PyTorch script with its CUDA memory watched by vramscope.")
@@ -808,6 +836,8 @@ def main(argv=None):
     p.add_argument("--interval", type=float, default=0.5, help="seconds between reads (default: 0.5)")
     p.add_argument("--duty", type=float, default=0.03, help="most of the job's time spent reading (default: 0.03)")
     p.add_argument("--max-entries", type=int, default=100000, help="the largest ring (default: 100000)")
+    p.add_argument("--estimate", action="store_true", help="estimate the script's memory on a CPU, no GPU needed "
+                   "(python -m vramscope_watch --estimate --help: its options)")
     p.add_argument("script", help="the script to run")
     p.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
     a = p.parse_args(argv)
