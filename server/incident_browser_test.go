@@ -114,7 +114,7 @@ func TestBrowserIncidentLeadsWithTheFix(t *testing.T) {
 	}{
 		{"frag", frag,
 			[]string{"Fragmentation: 279.00 MiB was asked for and ", "A per-process limit refused the new 280.00 MiB segment, not the device, which had 128.72 GiB free"},
-			[]string{"Set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:32: it serves this request, and the whole run needs 3270 MiB with it (it also runs under 3266 MiB but not under 3268 MiB)"},
+			[]string{"Set PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:32: it serves this request, and the whole run needs 3.19 GiB with it: less than the limit can have been (it was between 4.90 GiB and 4.94 GiB, inferred)"},
 			[]string{"between 4.90 GiB and 4.94 GiB, inferred from the recording", "The recording does not say the device's size"},
 			[]string{"expandable_segments:True would have served this request."}},
 		{"limit", limited,
