@@ -139,7 +139,7 @@ func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := store.NewLayoutColumns(l, t, seq)
-	segs, err := s.opt.DB.PrivatePoolSegments(chi.URLParam(r, "id"))
+	segs, err := s.opt.DB.PoolSegments(chi.URLParam(r, "id"))
 	if err != nil {
 		s.storeError(w, r, err)
 		return

@@ -56,25 +56,22 @@ type LayoutColumns struct {
 }
 
 // MarkPools names the private pool of each segment of c that a snapshot
-// put in one (segs: its private pools' segments): the segment the
-// snapshot dumped at its address, if it is the same size (a private
-// pool's segments are never resized or split).
-func (c *LayoutColumns) MarkPools(segs []gpu.SnapshotSegment) {
+// put in one (segs): the segment the snapshot dumped at its address, if
+// it is the same size (a private pool's segments are never resized or
+// split) and its life had begun by c's instant; an earlier segment at the
+// same address was another one.
+func (c *LayoutColumns) MarkPools(segs []PoolSegment) {
 	if len(segs) == 0 {
 		return
 	}
-	type seg struct {
-		size uint64
-		pool [2]int64
-	}
-	private := map[uint64]seg{}
+	private := make(map[uint64]PoolSegment, len(segs))
 	for _, s := range segs {
-		private[s.Segment.Addr] = seg{s.Segment.Size, s.PoolID}
+		private[s.Addr] = s
 	}
 	for i := 0; i < len(c.Segments); i += SegmentColumns {
 		addr, size := uint64(c.Segments[i]), uint64(c.Segments[i+1])
-		if p, ok := private[addr]; ok && p.size == size {
-			c.Pools = append(c.Pools, [3]int64{int64(addr), p.pool[0], p.pool[1]})
+		if p, ok := private[addr]; ok && p.Size == size && p.Since <= c.Seq {
+			c.Pools = append(c.Pools, [3]int64{int64(addr), p.Pool[0], p.Pool[1]})
 		}
 	}
 }

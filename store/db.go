@@ -40,6 +40,8 @@ type DB struct {
 	jobs  chan job
 	done  chan struct{}
 	watch watchers
+	// pools keeps PoolSegments' answers (poolsKey → []PoolSegment).
+	pools sync.Map
 
 	closeOnce sync.Once
 }
