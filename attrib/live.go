@@ -159,6 +159,13 @@ func (c *Categorizer) madeAt(t int64, before bool) (string, bool) {
 	return "a thread without Python frames", false
 }
 
+// Made names where allocation a, one without frames, was made (see
+// madeAt): what views put beside "no stack" in its stead.
+func (c *Categorizer) Made(a gpu.Allocation) string {
+	made, _ := c.madeAt(a.AllocUS, a.Seq < 0)
+	return made
+}
+
 // Regions are the trace's annotated regions, in order of start.
 func (c *Categorizer) Regions() []Region { return c.regions }
 
