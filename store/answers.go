@@ -156,6 +156,18 @@ func (u UsageColumns) AppendBinary(buf []byte) []byte {
 	return b.b
 }
 
+// AppendBinary appends the binary form of u: the usage form, its bucket
+// the columns' width in events, and the columns' times after it.
+func (u EventUsage) AppendBinary(buf []byte) []byte {
+	b := &binWriter{b: u.UsageColumns.AppendBinary(buf)}
+	copy(b.b[len(buf):], "VSU2")
+	binary.LittleEndian.PutUint64(b.b[len(buf)+8:], math.Float64bits(u.Width))
+	for _, t := range u.Times {
+		b.f64(float64(t))
+	}
+	return b.b
+}
+
 // AppendBinary appends the binary form of o.
 func (o *Bands) AppendBinary(buf []byte) []byte {
 	runs := 0
