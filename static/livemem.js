@@ -159,6 +159,6 @@ export async function showJumps(view, goTo, ooms) {
 /** Shows a step: the window on it, the cursor at its peak. */
 function goToStepPeak(view, goTo, s) {
   const pad = (s.end_us - s.start_us) * 0.05;
-  view.setWindow(s.start_us - pad, s.end_us + pad);
+  view.showTimes(s.start_us - pad, s.end_us + pad);
   goTo(s.peak.seq, s.peak.time_us);
 }

@@ -188,6 +188,17 @@ type labelKey struct {
 	sid gpu.StackID
 }
 
+// SeqAt is the last event at or before time t (-1 when none is).
+func (db *DB) SeqAt(id string, t int64) (int64, error) {
+	r, err := db.begin(id)
+	if err != nil {
+		return 0, err
+	}
+	defer r.close()
+	seq, _, _, err := r.stateAt(t, true)
+	return seq, err
+}
+
 // SeqTimes is where events fall in time, for a page to place times on an
 // event axis: pairs (seq, time of that event), the first and last events
 // and the first event of chunks between them, at most about n pairs.

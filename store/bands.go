@@ -248,10 +248,11 @@ func (r *reader) columns(q BandsQuery) (*bandWindow, error) {
 }
 
 // colPeak is where a column is sampled: right after event seq, its
-// greatest allocated bytes; seq -2 for a column without events.
+// greatest allocated bytes; seq -2 for a column without events. end is
+// the column's last event.
 type colPeak struct {
-	seq   int64
-	bytes uint64
+	seq, end int64
+	bytes    uint64
 }
 
 // peaks finds each column's peak, and fills out's envelope and greatest
@@ -276,6 +277,7 @@ func (r *reader) peaks(win *bandWindow, out *Bands) ([]colPeak, error) {
 			p.seq, p.bytes = e.Seq, at.Allocated
 			out.Allocated[c] = at.Allocated
 		}
+		peaks[c].end = e.Seq
 		out.YMax = max(out.YMax, at.Reserved)
 		t = at
 		return true
@@ -284,6 +286,51 @@ func (r *reader) peaks(win *bandWindow, out *Bands) ([]colPeak, error) {
 		out.Allocated[last+1] = t.Allocated
 	}
 	return peaks, err
+}
+
+// PeakSeqs is where each of the n columns of a window (q's T0, T1 and
+// Events; W is n) is sampled: right after the event of its peak of
+// allocated bytes, or for a column without events the last event before
+// it (-1: none). A window of more than maxSweep events is sampled at its
+// columns' middles instead.
+func (db *DB) PeakSeqs(id string, q BandsQuery) ([]int64, error) {
+	if q.W < 1 || q.T1 <= q.T0 {
+		return nil, fmt.Errorf("store: peaks need t0 < t1 and n >= 1 (got %+v)", q)
+	}
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	win, err := r.columns(q)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, q.W)
+	if win.seqEnd-win.seq0 > maxSweep {
+		for c := range out {
+			mid := q.T0 + int64((float64(c)+0.5)*float64(q.T1-q.T0)/float64(q.W))
+			if q.Events {
+				out[c] = min(mid, win.seqEnd)
+			} else if out[c], _, _, err = r.stateAt(mid, true); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}
+	peaks, err := r.peaks(win, &Bands{Allocated: make([]uint64, q.W)})
+	if err != nil {
+		return nil, err
+	}
+	carry := win.seq0
+	for c, p := range peaks {
+		if p.seq == -2 {
+			out[c] = carry
+			continue
+		}
+		out[c], carry = p.seq, p.end
+	}
+	return out, nil
 }
 
 // envelope fills out's envelope and greatest reserved bytes for a dense
