@@ -154,6 +154,22 @@ func (s *Server) apiSeqTimes(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
+// apiSeqAt is the last event at or before time t (-1: none): where a
+// window of time begins and ends on the event axis.
+func (s *Server) apiSeqAt(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t := p.required("t")
+	if !p.check(w) {
+		return
+	}
+	seq, err := s.opt.DB.SeqAt(chi.URLParam(r, "id"), t)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"seq": seq})
+}
+
 func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	// seq asks for the layout right after that event (an incident's oom),

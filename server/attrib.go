@@ -152,7 +152,7 @@ func (s *Server) apiBandCategories(w http.ResponseWriter, r *http.Request) {
 // stacked areas by category.
 func (s *Server) apiCategoryAreas(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
-	t0, t1, n := window(p, "n", 100, 400)
+	t0, t1, n := window(p, "n", 100, 2000)
 	events := eventAxis(p)
 	if !p.check(w) {
 		return

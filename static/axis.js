@@ -16,27 +16,38 @@ export class EventAxis {
 
   constructor(us, ts) {
     this.coarse = { us, ts };
-    this.fine = null;
+    this.merged = null; // the coarse knots with the window's fine ones
+    this.version = 0; // counts the fine knots set: what places a time changed
   }
 
-  /** The knots of the window on screen: column c begins at start + c * width, with event at time times[c]. */
+  /**
+   * The knots of the window on screen: column c begins at start + c *
+   * width, with an event at time times[c]. They replace the coarse ones
+   * over the window, so that the map stays monotone across its ends.
+   */
   setFine(start, width, times) {
-    const us = Array.from(times, (_, c) => start + c * width);
-    this.fine = { us, ts: Array.from(times) };
+    const us = Array.from(times, (_, c) => start + c * width), ts = Array.from(times);
+    const c = this.coarse, n = us.length;
+    const before = c.us.findIndex((u, i) => u >= us[0] || c.ts[i] >= ts[0]);
+    const after = c.us.findIndex((u, i) => u > us[n - 1] && c.ts[i] > ts[n - 1]);
+    const head = before < 0 ? c.us.length : before, tail = after < 0 ? c.us.length : after;
+    this.merged = {
+      us: [...c.us.slice(0, head), ...us, ...c.us.slice(tail)],
+      ts: [...c.ts.slice(0, head), ...ts, ...c.ts.slice(tail)],
+    };
+    this.version++;
   }
 
   /** The event index at which time t falls. */
-  uOf(t) {
-    const f = this.fine;
-    const k = f && f.ts.length > 1 && t >= f.ts[0] && t <= f.ts[f.ts.length - 1] ? f : this.coarse;
-    return interpolate(k.ts, k.us, t);
-  }
+  uOf(t) { const k = this.merged || this.coarse; return interpolate(k.ts, k.us, t); }
 
   /** The time of event index u. */
-  tOf(u) {
-    const f = this.fine;
-    const k = f && f.us.length > 1 && u >= f.us[0] && u <= f.us[f.us.length - 1] ? f : this.coarse;
-    return interpolate(k.us, k.ts, u);
+  tOf(u) { const k = this.merged || this.coarse; return interpolate(k.us, k.ts, u); }
+
+  /** The events [e0, e1) of the times [t0, t1], exactly (the server's). */
+  static async window(id, t0, t1) {
+    const [a, b] = await Promise.all([t0 - 1, t1].map((t) => api(`/api/traces/${id}/seqat?t=${Math.round(t)}`)));
+    return [a.seq + 1, b.seq + 1];
   }
 }
 

@@ -22,9 +22,11 @@ export class LivePanel {
     this.flame = new Flame(document.getElementById("flame"), document.getElementById("flame-tip"), view, (n) => this.highlight(n));
     this.group.value = view.group;
     this.group.addEventListener("change", () => {
+      const fold = (g) => (g === "stack" ? "stack" : "frame");
+      const refold = fold(view.group) !== fold(this.group.value); // the timeline folds by stack or by frame
       view.group = this.group.value;
       view.setHighlight(null);
-      view.redraw();
+      view.request(...(refold ? ["timeline"] : []));
       this.load(this.seq, true);
     });
     view.addEventListener("highlight", () => { if (!view.highlight) { this.flame.selected = null; this.flame.draw(); this.markRow(); } });

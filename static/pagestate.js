@@ -135,10 +135,10 @@ export class PageState extends EventTarget {
   async setAxis(a) {
     if (a === this.axis || (a === "event" && this.root.dataset.eventAxis !== "1")) return;
     this.events ??= await EventAxis.load(this.id);
-    const t0 = this.timeOfU(this.t0), t1 = this.timeOfU(this.t1);
+    const t0 = this.timeOfU(this.t0), t1 = this.timeOfU(this.t1); // on the event axis, from the window's own knots
+    const [u0, u1] = a === "event" ? await EventAxis.window(this.id, t0, t1) : [t0, t1];
     this.axis = a;
     this.setFullRange();
-    const u0 = this.uOfTime(t0), u1 = this.uOfTime(t1);
     this.setWindow(u0, Math.max(u1, u0 + 1));
     this.dispatchEvent(new CustomEvent("axis"));
   }
@@ -449,7 +449,7 @@ export class PageState extends EventTarget {
       const e0 = Math.max(this.fullT0, Math.ceil(this.t0)), e1 = Math.min(this.fullT1, Math.floor(this.t1)) - 1;
       return `events #${e0} – #${e1} (${Math.max(0, e1 - e0 + 1)} events)`;
     }
-    return this.fmtTs([this.t0, this.t1], (this.t1 - this.t0) / 100).join(" – ") + " (" + this.fmtDur(this.t1 - this.t0) + ")";
+    return this.fmtTs([this.t0, this.t1], (this.t1 - this.t0) / 200).join(" – ") + " (" + this.fmtDur(this.t1 - this.t0) + ")";
   }
 
   // The first frame with both the timeline and the map drawn: marked for

@@ -172,7 +172,7 @@ export class Timeline {
       apiBinary(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}${axis}&format=bin`, { signal }),
       apiBinary(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}${axis}${fold}&format=bin`, { signal }),
       mode === "category" ? api(`${base}/bands/categories?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}${axis}${fold}`, { signal }) : null,
-      mode === "area" ? api(`${base}/categories?t0=${t0}&t1=${t1}&n=${Math.min(400, Math.max(8, Math.round(w / 3)))}${axis}`, { signal }) : null,
+      mode === "area" ? api(`${base}/categories?t0=${t0}&t1=${t1}&n=${Math.min(2000, Math.max(8, w))}${axis}`, { signal }) : null,
     ]));
     if (!got) return false;
     this.usage = { ...decodeUsage(got[0]), t0, t1 };
@@ -270,7 +270,7 @@ export class Timeline {
   drawPhasesLayer(ctx, pal) {
     const v = this.view;
     if (!v.regions.length && !v.metaMarks.length) return;
-    const key = [v.t0, v.t1, this.cssW, this.cssH].join();
+    const key = [v.t0, v.t1, this.cssW, this.cssH, v.axis, v.events?.version].join(); // a new answer places times anew on the event axis
     const same = (s) => s && s.key === key && s.pal === pal && s.regions === v.regions && s.marks === v.metaMarks;
     if (!same(this.phasesDrawn)) {
       if (!same(this.phasesSeen)) {

@@ -200,7 +200,9 @@ func (db *DB) Bands(id string, q BandsQuery) (*Bands, error) {
 	if groups.err != nil {
 		return nil, groups.err
 	}
-	out.Groups = groups.list
+	if groups.list != nil {
+		out.Groups = groups.list
+	}
 	return out, nil
 }
 
