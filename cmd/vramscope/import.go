@@ -15,7 +15,6 @@ import (
 
 	"vramscope/ingest"
 	"vramscope/pytorch"
-	"vramscope/store"
 )
 
 func init() {
@@ -104,7 +103,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if !*dryRun && len(chosen) > 0 {
-		db, err := store.Open(*dbPath)
+		db, err := openDB(*dbPath)
 		if err != nil {
 			return err
 		}
@@ -174,7 +173,7 @@ func importRun(name string, args []string, rankList string, join bool, dbPath, a
 		}
 		src = ingest.WithRanks(src, ranks)
 	}
-	db, err := store.Open(dbPath)
+	db, err := openDB(dbPath)
 	if err != nil {
 		return err
 	}
