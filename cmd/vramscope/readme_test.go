@@ -21,7 +21,8 @@ import (
 // own, `vramscope` serves the page with its demo traces, `vramscope import
 // FILE` stores a snapshot the server lists at once (both use the one
 // per-user database) and `vramscope list` lists it. The commands are read
-// from the README, so that it cannot drift from what is run.
+// from the README, so that it cannot drift from what is run. A clone holds
+// what is committed: run locally, it checks the last commit.
 func TestReadmeTwoMinutes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("clones the repository and builds vramscope")
