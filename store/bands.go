@@ -366,32 +366,52 @@ func (r *reader) envelope(db *DB, id string, q BandsQuery, out *Bands) error {
 }
 
 // sweep replays the window's events from checkpoint ck, sampling each
-// column at its peak, and a stretch of columns without events at its
-// first and last column (the state is the same across it).
+// column right after its peak, and a stretch of columns without events at
+// its first and last column (the state is the same across it: the one
+// after the column before it).
 func (r *reader) sweep(live *liveSet, lay *bandLayout, ck int64, win *bandWindow, peaks []colPeak) error {
-	next := 0                 // the first column not sampled yet
-	empty := func(upTo int) { // samples the columns without events before upTo
-		if next < upTo && peaks[next].seq == -2 {
-			lay.sample(live, next)
-			lay.sample(live, upTo-1)
+	type at struct {
+		seq int64 // sample right after this event
+		col int
+	}
+	var plan []at
+	for c := 0; c < len(peaks); {
+		if peaks[c].seq != -2 {
+			plan = append(plan, at{peaks[c].seq, c})
+			c++
+			continue
 		}
-		next = max(next, upTo)
+		after := win.seq0
+		if c > 0 {
+			after = peaks[c-1].end
+		}
+		end := c
+		for end+1 < len(peaks) && peaks[end+1].seq == -2 {
+			end++
+		}
+		plan = append(plan, at{after, c}, at{after, end})
+		c = end + 1
+	}
+	sort.SliceStable(plan, func(i, j int) bool { return plan[i].seq < plan[j].seq })
+	next := 0
+	take := func(upTo int64) {
+		for ; next < len(plan) && plan[next].seq <= upTo; next++ {
+			lay.sample(live, plan[next].col)
+		}
+	}
+	if win.seq0 <= ck || win.seq0 < 0 { // the checkpoint is the state the window starts in
+		take(win.seq0)
 	}
 	err := r.eventsWithEnds(ck+1, win.seqEnd+1, func(e *gpu.Event, ends bool) bool {
-		if e.Seq <= win.seq0 {
-			live.apply(e, ends)
-			return true
-		}
-		c := win.colOf(e)
-		empty(c)
 		live.apply(e, ends)
-		if peaks[c].seq == e.Seq {
-			lay.sample(live, c)
-			next = c + 1
+		if next < len(plan) && plan[next].seq == e.Seq {
+			take(e.Seq)
 		}
 		return true
 	})
-	empty(win.w)
+	if err == nil && next < len(plan) {
+		err = fmt.Errorf("trace %s: the window's events end before its samples", r.trace.ID)
+	}
 	return err
 }
 
