@@ -147,8 +147,8 @@ export function showHitTip(view, tip, h, x, y) {
     sid = r.stack, seq = r.seq;
   } else {
     rows.push(el("strong", {}, "up to " + fmtBytes(h.small) + " allocated here"), el("br"),
-      "in allocations under a pixel tall (or shorter than a column) at this zoom:", el("br"),
-      "zoom in (W, or shift-drag a rectangle) to see them");
+      "not told apart: a window this dense is drawn from its stored checkpoints,", el("br"),
+      "not from each column's peak; zoom in (W, or shift-drag a rectangle) to see them");
   }
   placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames, !sid && seq >= 0 ? view.madeOf(seq) : null);
 }

@@ -464,35 +464,24 @@ func (r *reader) sampleCheckpoints(live *liveSet, lay *bandLayout, ck, seq0, seq
 	if len(picks) == 0 {
 		return nil
 	}
-	args := []any{r.tid}
-	marks := make([]byte, 0, 2*len(picks))
-	for i, p := range picks {
-		if i > 0 {
-			marks = append(marks, ',')
-		}
-		marks = append(marks, '?')
-		args = append(args, p.seq)
-	}
-	rows, err = r.tx.Query("SELECT seq, data FROM checkpoints WHERE tid = ? AND seq IN ("+string(marks)+") ORDER BY seq", args...)
-	if err != nil {
-		return err
-	}
-	defer rows.Close()
+	// One checkpoint at a time, no rows left open while a sample reads
+	// more (a fold's group reads its stack: PostgreSQL cannot query while
+	// a query's rows are still coming).
 	for _, p := range picks {
-		var seq int64
 		var data []byte
-		if !rows.Next() {
-			return errors.Join(rows.Err(), fmt.Errorf("trace %s: checkpoint %d is missing", r.trace.ID, p.seq))
+		err := r.tx.QueryRow("SELECT data FROM checkpoints WHERE tid = ? AND seq = ?", r.tid, p.seq).Scan(&data)
+		if errors.Is(err, sql.ErrNoRows) {
+			return fmt.Errorf("trace %s: checkpoint %d is missing", r.trace.ID, p.seq)
 		}
-		if err := rows.Scan(&seq, &data); err != nil {
+		if err != nil {
 			return err
 		}
 		if err := lay.load(live, data); err != nil {
-			return fmt.Errorf("trace %s: checkpoint %d: %w", r.trace.ID, seq, err)
+			return fmt.Errorf("trace %s: checkpoint %d: %w", r.trace.ID, p.seq, err)
 		}
 		lay.sample(live, p.col)
 	}
-	return rows.Err()
+	return nil
 }
 
 // timeOf is the time of event seq.

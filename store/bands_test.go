@@ -182,8 +182,10 @@ func testBandsOfADenseWindowUseCheckpoints(t *testing.T) {
 	defer func(n int64) { maxSweep = n }(maxSweep)
 	maxSweep = 250_000 // the test's window: past it, not the real threshold's
 	db, _ := openTemp(t)
-	evs := newGen(11, 400).events(int(maxSweep) + 50_000)
-	w := writeTrace(t, db, nil, evs, 0)
+	g := newGen(11, 400)
+	g.stacks = 4 // folds read their stacks' labels between checkpoints
+	evs := g.events(int(maxSweep) + 50_000)
+	w := writeTrace(t, db, nil, evs, 4)
 	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
