@@ -178,18 +178,26 @@ func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 }
 
 // BandCategories is the category and sureness of each band of a window
-// (indexes of Categories and SurenessNames), in the bands' order.
+// (indexes of Categories and SurenessNames), in the bands' order, and the
+// category of each folded band (its largest allocation's).
 type BandCategories struct {
 	Categories []Category `json:"categories"`
 	Band       []int      `json:"band"`
 	Sure       []int      `json:"sure"`
+	Fold       []int      `json:"fold"`
 }
 
-// BandCategories sorts the allocations of bands into categories.
-func (c *Categorizer) BandCategories(bands []store.Band) (BandCategories, error) {
-	blocks := make([]gpu.Block, len(bands))
-	for i, b := range bands {
-		blocks[i] = gpu.Block{Addr: b.Addr, Size: b.Size, Requested: b.Requested, Stack: b.Stack, Seq: b.Seq, State: gpu.BlockAllocated}
+// BandCategories sorts the allocations of bands, and the largest of each
+// folded band, into categories.
+func (c *Categorizer) BandCategories(b *store.Bands) (BandCategories, error) {
+	bands := b.Bands
+	blocks := make([]gpu.Block, 0, len(bands)+len(b.Folds))
+	for _, b := range bands {
+		blocks = append(blocks, gpu.Block{Addr: b.Addr, Size: b.Size, Requested: b.Requested, Stack: b.Stack, Seq: b.Seq, State: gpu.BlockAllocated})
+	}
+	for _, f := range b.Folds {
+		r := f.Rep
+		blocks = append(blocks, gpu.Block{Addr: r.Addr, Size: r.Size, Requested: r.Requested, Stack: r.Stack, Seq: r.Seq, State: gpu.BlockAllocated})
 	}
 	set, err := c.db.Describe(c.trace.ID, blocks)
 	if err != nil {
@@ -199,9 +207,13 @@ func (c *Categorizer) BandCategories(bands []store.Band) (BandCategories, error)
 	if err != nil {
 		return BandCategories{}, err
 	}
-	out := BandCategories{AllCategories, make([]int, len(vs)), make([]int, len(vs))}
+	out := BandCategories{AllCategories, make([]int, len(bands)), make([]int, len(bands)), make([]int, len(b.Folds))}
 	for i, v := range vs {
-		out.Band[i], out.Sure[i] = categoryIndex(v.Category), sureIndex[v.Sure]
+		if i < len(bands) {
+			out.Band[i], out.Sure[i] = categoryIndex(v.Category), sureIndex[v.Sure]
+		} else {
+			out.Fold[i-len(bands)] = categoryIndex(v.Category)
+		}
 	}
 	return out, nil
 }

@@ -161,7 +161,7 @@ func benchAreas(b *testing.B, db *store.DB, t gpu.Trace) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := c.Areas(t.FirstUS, t.LastUS+1, 400); err != nil {
+		if _, err := c.Areas(store.BandsQuery{T0: t.FirstUS, T1: t.LastUS + 1, W: 400}); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -205,15 +205,60 @@ func checkAreas(t *testing.T, db *store.DB, tr gpu.Trace, t0, t1 int64, n int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a, err := c.Areas(t0, t1, n)
+	a, err := c.Areas(store.BandsQuery{T0: t0, T1: t1, W: n})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(a.T) != n || len(a.Bytes) != n || len(a.Categories) != len(attrib.AllCategories) {
 		t.Fatalf("%s: %d instants, %d samples, %d categories", tr.Name, len(a.T), len(a.Bytes), len(a.Categories))
 	}
-	for i, at := range a.T {
-		l, err := c.At(attrib.Instant{TimeUS: at})
+	// Each column is shown at its peak: its greatest allocated bytes, by a
+	// replay of the events (a column without events: the bytes it is at).
+	peak := make([]uint64, n)
+	l, _, err := db.LayoutAtSeq(tr.ID, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := db.Events(tr.ID, 0, tr.LastSeq+1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt, next := float64(t1-t0)/float64(n), 0
+	for _, e := range evs {
+		if e.TimeUS > t1 {
+			break
+		}
+		c := min(n-1, int(float64(e.TimeUS-t0)/dt))
+		if e.TimeUS < t0 {
+			c = -1
+		}
+		for ; next < c; next++ {
+			peak[next] = l.Figures().Allocated
+		}
+		if err := l.Apply(e); err != nil {
+			t.Fatal(err)
+		}
+		if c >= 0 {
+			if a := l.Figures().Allocated; next == c || a > peak[c] {
+				peak[c] = a
+			}
+			next = c + 1
+		}
+	}
+	for ; next < n; next++ {
+		peak[next] = l.Figures().Allocated
+	}
+	for i := range a.Bytes {
+		var sum uint64
+		for _, b := range a.Bytes[i] {
+			sum += b
+		}
+		if sum != peak[i] {
+			t.Fatalf("%s: column %d holds %d bytes in its areas, its peak is %d", tr.Name, i, sum, peak[i])
+		}
+	}
+	for i := range a.T {
+		l, err := c.At(attrib.Instant{BySeq: true, Seq: a.Seq[i]})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -226,7 +271,7 @@ func checkAreas(t *testing.T, db *store.DB, tr gpu.Trace, t0, t1 int64, n int) {
 			}
 		}
 		if l.Seq != a.Seq[i] || fmt.Sprint(want) != fmt.Sprint(a.Bytes[i]) {
-			t.Fatalf("%s: instant %d (t %d): areas %v after %d, the live set %v after %d", tr.Name, i, at, a.Bytes[i], a.Seq[i], want, l.Seq)
+			t.Fatalf("%s: instant %d: areas %v after %d, the live set %v after %d", tr.Name, i, a.Bytes[i], a.Seq[i], want, l.Seq)
 		}
 	}
 }
@@ -297,7 +342,7 @@ func TestLaterBoundariesWalkedOrRead(t *testing.T) {
 		}
 		var got [3]*attrib.Areas
 		for i, c := range cs {
-			a, err := c.Areas(tr.FirstUS, tr.LastUS+1, 80)
+			a, err := c.Areas(store.BandsQuery{T0: tr.FirstUS, T1: tr.LastUS + 1, W: 80})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -324,7 +369,7 @@ func TestBandCategoriesReadLayouts(t *testing.T) {
 		}
 		var got [2]attrib.BandCategories
 		for i, limit := range []int64{0, 1 << 40} {
-			if got[i], err = walking(t, db, tr.ID, limit).BandCategories(bands.Bands); err != nil {
+			if got[i], err = walking(t, db, tr.ID, limit).BandCategories(bands); err != nil {
 				t.Fatal(err)
 			}
 		}

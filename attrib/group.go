@@ -264,8 +264,12 @@ var noStack = []step{{key: "none", name: "(no stack)", kind: "none"}}
 
 // unframed is the path of a block without a stack made where made says.
 func unframed(made string) []step {
-	return []step{{key: "none\x1f" + made, name: made + " · no stack", kind: "none"}}
+	return []step{{key: "none\x1f" + made, name: UnframedName(made), kind: "none"}}
 }
+
+// UnframedName is what views call an allocation without a stack made
+// where made says (Categorizer.Made): "backward (autograd thread) · no stack".
+func UnframedName(made string) string { return made + " · no stack" }
 
 // path is where a stack's blocks sit in the tree of grouping g.
 func path(s gpu.Stack, g Grouping, all bool) []step {

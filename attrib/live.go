@@ -159,6 +159,13 @@ func (c *Categorizer) madeAt(t int64, before bool) (string, bool) {
 	return "a thread without Python frames", false
 }
 
+// Made names where allocation a, one without frames, was made (see
+// madeAt): what views put beside "no stack" in its stead.
+func (c *Categorizer) Made(a gpu.Allocation) string {
+	made, _ := c.madeAt(a.AllocUS, a.Seq < 0)
+	return made
+}
+
 // Regions are the trace's annotated regions, in order of start.
 func (c *Categorizer) Regions() []Region { return c.regions }
 
@@ -367,17 +374,18 @@ func (c *Categorizer) verdicts(ls *store.LiveSet, memo map[memoKey]Verdict, rd r
 // Areas are the live bytes of each category at instants of a window.
 type Areas struct {
 	Categories []Category `json:"categories"`
-	T          []int64    `json:"t"`     // the instants, in order
-	Seq        []int64    `json:"seq"`   // the last event at or before each
+	T          []int64    `json:"t"`     // the instants' times, in order
+	Seq        []int64    `json:"seq"`   // the event each is right after
 	Bytes      [][]uint64 `json:"bytes"` // per instant, per category
 }
 
-// Areas samples the live set at n instants spread over [t0, t1] (the
-// middles of n equal parts) and sums each category's bytes: the timeline's
-// stacked areas. The live sets come from one walk through the events
-// (store.DB.LiveAtEach); an allocation seen at several instants is
-// described and sorted once.
-func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
+// Areas samples the live set of n columns of a window (q's T0, T1 and
+// Events), each at its peak of allocated bytes (store.DB.PeakSeqs), and
+// sums each category's bytes: the timeline's stacked areas, which so show
+// the make-up of every peak the envelope shows. The live sets come from
+// one walk through the events (store.DB.LiveAfterEach); an allocation seen
+// at several instants is described and sorted once.
+func (c *Categorizer) Areas(q store.BandsQuery) (*Areas, error) {
 	out := &Areas{Categories: AllCategories}
 	index := map[Category]int{}
 	for i, cat := range AllCategories {
@@ -386,11 +394,11 @@ func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
 	memo := map[memoKey]Verdict{}
 	stacks := map[gpu.StackID]gpu.Stack{} // read once for every sample
 	last := int64(-2)
-	ts := make([]int64, n)
-	for i := range ts {
-		ts[i] = t0 + int64((float64(i)+0.5)*float64(t1-t0)/float64(n))
+	seqs, err := c.db.PeakSeqs(c.trace.ID, q)
+	if err != nil {
+		return nil, err
 	}
-	err := c.db.LiveAtEach(c.trace.ID, ts, func(ls *store.LiveSet, rd store.Read) error {
+	err = c.db.LiveAfterEach(c.trace.ID, seqs, func(ls *store.LiveSet, rd store.Read) error {
 		sums := make([]uint64, len(AllCategories))
 		if ls.Seq == last && len(out.Bytes) > 0 {
 			copy(sums, out.Bytes[len(out.Bytes)-1]) // no event since the last sample
@@ -408,7 +416,7 @@ func (c *Categorizer) Areas(t0, t1 int64, n int) (*Areas, error) {
 			}
 		}
 		last = ls.Seq
-		out.T, out.Seq, out.Bytes = append(out.T, ts[len(out.T)]), append(out.Seq, ls.Seq), append(out.Bytes, sums)
+		out.T, out.Seq, out.Bytes = append(out.T, ls.TimeUS), append(out.Seq, ls.Seq), append(out.Bytes, sums)
 		return nil
 	})
 	return out, err

@@ -97,3 +97,19 @@ func ParseBytes(s string) (uint64, error) {
 	}
 	return uint64(v * mult), nil
 }
+
+// FormatDuration renders microseconds in the largest fitting unit: 812
+// µs, 21.5 ms, 6.38 s, 15.9 min.
+func FormatDuration(us int64) string {
+	switch {
+	case us < 0:
+		return "–"
+	case us < 1000:
+		return fmt.Sprintf("%d µs", us)
+	case us < 1_000_000:
+		return fmt.Sprintf("%.1f ms", float64(us)/1e3)
+	case us < 600_000_000:
+		return fmt.Sprintf("%.2f s", float64(us)/1e6)
+	}
+	return fmt.Sprintf("%.1f min", float64(us)/6e7)
+}

@@ -88,11 +88,40 @@ func window(p *params, nName string, nDef, nMax int64) (t0, t1 int64, n int) {
 	return
 }
 
+// eventAxis reads axis: time (the default: t0 and t1 are microseconds) or
+// event (t0 and t1 are event indexes, each event the same width).
+func eventAxis(p *params) bool {
+	switch a := p.r.URL.Query().Get("axis"); a {
+	case "", "time":
+		return false
+	case "event":
+		return true
+	default:
+		p.fail("axis", "%q is neither time nor event", a)
+		return false
+	}
+}
+
+// apiUsage is reserved, allocated and active bytes over a window in n
+// columns: of time, or with axis=event of events (the columns' times
+// follow them).
 func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
 	t0, t1, n := window(p, "n", 1000, 20000)
 	bin := format(p)
+	events := eventAxis(p)
 	if !p.check(w) {
+		return
+	}
+	if events {
+		u, err := s.opt.DB.UsageByEvent(chi.URLParam(r, "id"), t0, t1, n)
+		if err != nil {
+			s.storeError(w, r, err)
+		} else if bin {
+			writeBinary(w, u.AppendBinary(nil))
+		} else {
+			writeJSON(w, http.StatusOK, u)
+		}
 		return
 	}
 	u, err := s.opt.DB.Usage(chi.URLParam(r, "id"), t0, t1, n)
@@ -106,6 +135,39 @@ func (s *Server) apiUsage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// apiSeqTimes is where the trace's events fall in time (pairs of seq and
+// time, about n of them): what a page needs to place times on an event
+// axis beyond the window it has columns of.
+func (s *Server) apiSeqTimes(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	n := int(p.intIn("n", 1000, 1, 100000))
+	if !p.check(w) {
+		return
+	}
+	out, err := s.opt.DB.SeqTimes(chi.URLParam(r, "id"), n)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// apiSeqAt is the last event at or before time t (-1: none): where a
+// window of time begins and ends on the event axis.
+func (s *Server) apiSeqAt(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	t := p.required("t")
+	if !p.check(w) {
+		return
+	}
+	seq, err := s.opt.DB.SeqAt(chi.URLParam(r, "id"), t)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]int64{"seq": seq})
 }
 
 func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
@@ -139,7 +201,7 @@ func (s *Server) apiLayout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	out := store.NewLayoutColumns(l, t, seq)
-	segs, err := s.opt.DB.PrivatePoolSegments(chi.URLParam(r, "id"))
+	segs, err := s.opt.DB.PoolSegments(chi.URLParam(r, "id"))
 	if err != nil {
 		s.storeError(w, r, err)
 		return

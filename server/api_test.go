@@ -247,37 +247,48 @@ func mustJSON(t *testing.T, v any) []byte {
 // decodeBandsBinary reads the binary form back, as the page does.
 func decodeBandsBinary(t *testing.T, b []byte) store.Bands {
 	t.Helper()
-	if string(b[:4]) != "VSB1" {
+	if string(b[:4]) != "VSB2" {
 		t.Fatalf("tag %q", b[:4])
 	}
 	u := func(i int) int { return int(binary.LittleEndian.Uint32(b[4+4*i:])) }
-	w, nb, nr := u(0), u(1), u(2)
-	at := 32
+	w, nb, nr, nf, ng := u(0), u(1), u(2), u(6), u(7)
+	at := 40
 	f := func() float64 { v := math.Float64frombits(binary.LittleEndian.Uint64(b[at:])); at += 8; return v }
-	o := store.Bands{W: w, Dropped: u(3), Samples: u(4), Sampled: "columns", Allocated: make([]uint64, w), Bands: make([]store.Band, nb)}
-	if u(5) == 1 {
+	o := store.Bands{W: w, Dropped: u(3), Samples: u(4), Sampled: "columns", Events: u(5)&2 != 0, Allocated: make([]uint64, w),
+		Bands: make([]store.Band, nb), Folds: make([]store.Fold, nf)}
+	if u(5)&1 != 0 {
 		o.Sampled = "checkpoints"
 	}
 	o.T0, o.T1, o.M0, o.M1, o.YMax, o.MinBytes = int64(f()), int64(f()), uint64(f()), uint64(f()), uint64(f()), uint64(f())
 	for i := range o.Allocated {
 		o.Allocated[i] = uint64(f())
 	}
-	for i := range o.Bands {
-		o.Bands[i].Seq = int64(f())
+	band := func(of func(i int) *store.Band, n int) {
+		for i := range n {
+			of(i).Seq = int64(f())
+		}
+		for i := range n {
+			of(i).Addr = uint64(f())
+		}
+		for i := range n {
+			of(i).Size = uint64(f())
+		}
+		for i := range n {
+			of(i).Requested = uint64(f())
+		}
 	}
-	for i := range o.Bands {
-		o.Bands[i].Addr = uint64(f())
-	}
-	for i := range o.Bands {
-		o.Bands[i].Size = uint64(f())
-	}
-	for i := range o.Bands {
-		o.Bands[i].Requested = uint64(f())
-	}
+	band(func(i int) *store.Band { return &o.Bands[i] }, nb)
 	offs := make([]float64, nr)
 	for i := range offs {
 		offs[i] = f()
 	}
+	for i := range o.Folds {
+		o.Folds[i].Offset = uint64(f())
+	}
+	for i := range o.Folds {
+		o.Folds[i].Size = uint64(f())
+	}
+	band(func(i int) *store.Band { return &o.Folds[i].Rep }, nf)
 	g := func() int { v := int(binary.LittleEndian.Uint32(b[at:])); at += 4; return v }
 	for i := range o.Bands {
 		o.Bands[i].Stack = gpu.StackID(g())
@@ -296,7 +307,25 @@ func decodeBandsBinary(t *testing.T, b []byte) store.Bands {
 	for i := range cols {
 		cols[i] = g()
 	}
-	if at != len(b) {
+	for i := range o.Folds {
+		o.Folds[i].C0 = g()
+	}
+	for i := range o.Folds {
+		o.Folds[i].C1 = g()
+	}
+	for i := range o.Folds {
+		o.Folds[i].Group = uint32(g())
+	}
+	for i := range o.Folds {
+		o.Folds[i].Count = g()
+	}
+	for i := range o.Folds {
+		o.Folds[i].Rep.Stack = gpu.StackID(g())
+	}
+	if err := json.Unmarshal(b[at:at+ng], &o.Groups); err != nil {
+		t.Fatal(err)
+	}
+	if at += ng; at != len(b) {
 		t.Fatalf("read %d of %d bytes", at, len(b))
 	}
 	for i := range o.Bands {

@@ -7,6 +7,7 @@ import (
 	"github.com/go-chi/chi/v5"
 
 	"vramscope/attrib"
+	"vramscope/store"
 )
 
 // What was live at an instant and what it was (package attrib): the live
@@ -138,7 +139,7 @@ func (s *Server) apiBandCategories(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	out, err := c.BandCategories(bands.Bands)
+	out, err := c.BandCategories(bands)
 	if err != nil {
 		s.storeError(w, r, err)
 		return
@@ -146,11 +147,13 @@ func (s *Server) apiBandCategories(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// apiCategoryAreas is the live bytes of each category at n instants of
-// [t0, t1]: the timeline's stacked areas by category.
+// apiCategoryAreas is the live bytes of each category in n columns of
+// [t0, t1] (of events with axis=event), each at its peak: the timeline's
+// stacked areas by category.
 func (s *Server) apiCategoryAreas(w http.ResponseWriter, r *http.Request) {
 	p := &params{r: r}
-	t0, t1, n := window(p, "n", 100, 400)
+	t0, t1, n := window(p, "n", 100, 2000)
+	events := eventAxis(p)
 	if !p.check(w) {
 		return
 	}
@@ -159,7 +162,7 @@ func (s *Server) apiCategoryAreas(w http.ResponseWriter, r *http.Request) {
 		s.storeError(w, r, err)
 		return
 	}
-	a, err := c.Areas(t0, t1, n)
+	a, err := c.Areas(store.BandsQuery{T0: t0, T1: t1, W: n, Events: events})
 	if err != nil {
 		s.storeError(w, r, err)
 		return

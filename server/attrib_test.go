@@ -173,7 +173,7 @@ func testStepsAndBandCategories(t *testing.T) {
 }
 
 // /categories samples the window: the bytes of each category at each
-// instant add up to the allocated bytes there.
+// instant add up to the allocated bytes right after its event.
 func TestCategoryAreasAPI(t *testing.T) { testkit.EachBackend(t, testCategoryAreasAPI) }
 
 func testCategoryAreasAPI(t *testing.T) {
@@ -183,8 +183,8 @@ func testCategoryAreasAPI(t *testing.T) {
 	if len(a.T) != 30 || len(a.Bytes) != 30 {
 		t.Fatalf("%d instants", len(a.T))
 	}
-	for i, at := range a.T {
-		l, _, err := f.db.LayoutAt(f.id, at)
+	for i, seq := range a.Seq {
+		l, _, err := f.db.LayoutAtSeq(f.id, seq)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -193,7 +193,7 @@ func testCategoryAreasAPI(t *testing.T) {
 			sum += b
 		}
 		if sum != l.Figures().Allocated {
-			t.Errorf("at %d: categories hold %d bytes, %d were allocated", at, sum, l.Figures().Allocated)
+			t.Errorf("after event %d: categories hold %d bytes, %d were allocated", seq, sum, l.Figures().Allocated)
 		}
 	}
 	for _, bad := range []string{"categories?t0=1", "categories?t0=1&t1=5&n=0", "categories?t0=1&t1=5&n=100000"} {

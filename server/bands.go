@@ -31,12 +31,21 @@ func (s *Server) apiBands(w http.ResponseWriter, r *http.Request) {
 }
 
 // bandsQuery reads a window of the stacked timeline: t0, t1, w columns,
-// h rows, and the memory range m0, m1.
+// h rows, the memory range m0, m1, the axis (time or event: t0 and t1
+// are then event indexes), and how folded bands are grouped (fold: frame
+// or stack).
 func bandsQuery(p *params) store.BandsQuery {
 	t0, t1, cols := window(p, "w", 1000, 8000)
 	h := p.intIn("h", 300, 10, 10000)
 	m0, m1 := memRange(p)
-	return store.BandsQuery{T0: t0, T1: t1, W: cols, H: int(h), M0: m0, M1: m1}
+	q := store.BandsQuery{T0: t0, T1: t1, W: cols, H: int(h), M0: m0, M1: m1, Events: eventAxis(p)}
+	switch f := store.FoldBy(p.r.URL.Query().Get("fold")); f {
+	case "", store.FoldByFrame, store.FoldByStack:
+		q.Fold = f
+	default:
+		p.fail("fold", "%q is neither frame nor stack", f)
+	}
+	return q
 }
 
 // memRange reads m0 and m1, the visible memory range in bytes: both or neither.

@@ -106,7 +106,7 @@ func TestBrowserIncidentLeadsWithTheFix(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	short := importBytes(t, db, "train on a full device", snap)
+	short := importOOM(t, db, "train on a full device", snap)
 
 	for _, c := range []struct {
 		name, id                  string
@@ -157,9 +157,9 @@ func TestBrowserIncidentLeadsWithTheFix(t *testing.T) {
 	}
 }
 
-// importBytes stores a snapshot's bytes as an upload named name and
+// importOOM stores a snapshot's bytes as an upload named name and
 // returns its trace with the OOM.
-func importBytes(t *testing.T, db *store.DB, name string, b []byte) string {
+func importOOM(t *testing.T, db *store.DB, name string, b []byte) string {
 	t.Helper()
 	ids, err := ingest.Snapshot(db, bytes.NewReader(b), name, pytorch.Options{})
 	if err != nil {

@@ -117,28 +117,25 @@ func (s *Server) runRows(ts []gpu.Trace) (map[string]web.RunRow, error) {
 // pageTrace is the trace view: a frame that view.js fills from the API.
 func (s *Server) pageTrace(w http.ResponseWriter, r *http.Request) {
 	if t, ok := s.traceOfPage(w, r); ok {
-		render(w, r, http.StatusOK, web.TraceView(s.pageOf(t.Title(), []gpu.Trace{t}), t, s.stepsWindow(t)))
+		render(w, r, http.StatusOK, web.TraceView(s.pageOf(t.Title(), []gpu.Trace{t}), t, s.opening(t)))
 	}
 }
 
-// stepsWindow is where a trace's page opens when its URL names no window:
-// on its steps (from a fiftieth of their span before the first) when they
-// begin past a fifth of the trace, as when loading a model comes first and
-// would crush them into its end; -1: the whole trace.
-func (s *Server) stepsWindow(t gpu.Trace) int64 {
+// opening is where a trace's page opens when its URL names no window
+// (attrib.Opening): the steady steps, or where the events are; the whole
+// trace when that cannot be read.
+func (s *Server) opening(t gpu.Trace) attrib.Opening {
+	whole := attrib.Opening{T0: t.FirstUS, T1: t.LastUS, E0: max(0, t.FirstSeq), E1: t.LastSeq + 1}
 	c, err := s.cats.Categorizer(s.opt.DB, t.ID)
-	if err != nil || t.NoTime || t.LastUS <= t.FirstUS {
-		return -1
+	if err != nil {
+		return whole
 	}
-	steps := attrib.Steps(c.Regions())
-	if len(steps) == 0 {
-		return -1
+	o, err := c.Opening()
+	if err != nil {
+		s.log.Warn("opening window", "trace", t.ID, "err", err)
+		return whole
 	}
-	first := steps[0].StartUS
-	if first-t.FirstUS < (t.LastUS-t.FirstUS)/5 {
-		return -1
-	}
-	return max(t.FirstUS, first-(t.LastUS-first)/50)
+	return o
 }
 
 // traceOfPage reads the trace a page is about; ok is false after answering

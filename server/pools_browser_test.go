@@ -1,6 +1,7 @@
 package server
 
 import (
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -50,6 +51,30 @@ func TestBrowserPrivatePools(t *testing.T) {
 	within(t, ctx, "scroll", chromedp.ScrollIntoView(`#segmap`))
 	within(t, ctx, "scroll the map", chromedp.Evaluate[bool](`(() => { const w = document.getElementById("segmap-wrap"); w.scrollTop = w.scrollHeight; return true; })()`))
 	screenshot(t, ctx, shotDir(t), "segmap-private-pools")
+}
+
+// The segment map puts a segment under a private pool's heading only
+// while the pool has it: before the segment that held the address first
+// is given back, the map has no pool heading; after the pool's own
+// segment is made there, it has one.
+func TestBrowserPoolsByLifetime(t *testing.T) {
+	ctx := browser(t)
+	db := testkit.OpenDB(t)
+	id := importReusedPool(t, db)
+	srv := serve(t, db)
+	for _, c := range []struct {
+		seq  int
+		want string
+	}{{2, ""}, {6, "2, 0"}} {
+		within(t, ctx, "navigate", chromedp.Navigate(fmt.Sprintf("%s/traces/%s?e=%d", srv.URL, id, c.seq)))
+		waitReady(t, ctx)
+		waitFor(t, ctx, "the map at the event", fmt.Sprintf(`vramscope.segmap.data && vramscope.segmap.data.seq === %d`, c.seq))
+		headings := within(t, ctx, "pool headings", chromedp.Evaluate[[]string](`vramscope.segmap.rows.filter((r) => r.pool !== undefined).map((r) => r.pool)`))
+		if strings.Join(headings, "|") != c.want {
+			t.Errorf("after event %d the map's pool headings are %q, want %q", c.seq, headings, c.want)
+		}
+		screenshot(t, ctx, shotDir(t), fmt.Sprintf("segmap-pool-after-%d", c.seq))
+	}
 }
 
 // The incident page of an OOM under a per-process limit the snapshot does

@@ -78,11 +78,12 @@ func TestBrowserNoStackNamed(t *testing.T) {
 	waitFor(t, ctx, "the tip names it", `document.getElementById("timeline-tip").textContent.includes("backward (autograd thread) · no stack")`)
 	screenshot(t, ctx, dir, "nostack-tip")
 
-	// The page opens on the steps, not on the seconds of loading before
-	// them; the phases' strip has a legend; steps' labels fit their steps.
-	win := within(t, ctx, "window", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.regions.find(r => r.step === 0).start_us]`))
+	// The page opens on the steady steps, not on the seconds of loading
+	// and the warm-up step before them; the phases' strip has a legend;
+	// steps' labels fit their steps.
+	win := within(t, ctx, "window", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.regions.find(r => r.step === 1).start_us]`))
 	if win[0] <= float64(big.FirstUS) || win[0] > win[2] || (win[2]-win[0]) > 0.05*(win[1]-win[0]) {
-		t.Errorf("the window [%.0f, %.0f] and step 0 at %.0f", win[0], win[1], win[2])
+		t.Errorf("the window [%.0f, %.0f] and step 1 at %.0f", win[0], win[1], win[2])
 	}
 	legend := within(t, ctx, "phase legend", chromedp.Evaluate[string](`document.getElementById("phase-legend").hidden ? "" : document.getElementById("phase-legend").textContent`))
 	if !strings.Contains(legend, "optimizer") || !strings.Contains(legend, "zero grad") {

@@ -138,6 +138,8 @@ func New(opt Options) *Server {
 				r.Get("/", s.apiTrace)
 				r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteTrace)
 				r.Get("/usage", s.apiUsage)
+				r.Get("/seqtimes", s.apiSeqTimes)
+				r.Get("/seqat", s.apiSeqAt)
 				r.Get("/bands", s.apiBands)
 				r.Get("/bands/categories", s.apiBandCategories)
 				r.Get("/categories", s.apiCategoryAreas)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 
+	"vramscope/attrib"
 	"vramscope/gpu"
 	"vramscope/store"
 )
@@ -179,8 +180,19 @@ func (s *Server) apiSearch(w http.ResponseWriter, r *http.Request) {
 		Stacks  []gpu.StackID `json:"stacks"`
 		Address *uint64       `json:"address,omitempty"`
 	}{q, res.Total, make([]matchJSON, len(res.Matches)), res.Stacks, res.Address}
+	var c *attrib.Categorizer // read when a match has no stack
 	for i, m := range res.Matches {
-		out.Matches[i] = matchJSON{m, labels[m.Stack]}
+		label := labels[m.Stack]
+		if m.Stack == 0 {
+			if c == nil {
+				if c, err = s.cats.Categorizer(s.opt.DB, id); err != nil {
+					s.storeError(w, r, err)
+					return
+				}
+			}
+			label = attrib.UnframedName(c.Made(m))
+		}
+		out.Matches[i] = matchJSON{m, label}
 	}
 	if out.Stacks == nil {
 		out.Stacks = []gpu.StackID{}

@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/url"
 	"os"
@@ -235,4 +236,43 @@ func testSummaryAtAnEvent(t *testing.T) {
 		t.Fatalf("statistics at the peak event %d: allocated %d, want %d (%v)", tr.PeakSeq, st.AllocatedBytes[0].Current, tr.PeakAllocated, err)
 	}
 	errorOf(t, f.get(t, "/api/traces/"+f.id+"/summary?seq=x", http.StatusBadRequest))
+}
+
+// A search by address that finds an allocation without frames names it as
+// every other view does, by where it was made (the selection's "made"),
+// never with an empty first user frame.
+func TestSearchNamesUnframed(t *testing.T) {
+	db := testkit.OpenDB(t)
+	tr := recording(t, db, "train_default.pickle")
+	srv := serve(t, db)
+	all, err := db.Allocations(tr.ID, tr.FirstUS, tr.LastUS, 0, 10000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	named := 0
+	for _, a := range all.Allocations {
+		if a.Stack != 0 || a.Seq < 0 || named >= 3 {
+			continue
+		}
+		var s searchJSON
+		getJSON(t, fmt.Sprintf("%s/api/traces/%s/search?q=%x", srv.URL, tr.ID, a.Addr), 200, &s)
+		var sel struct {
+			Verdict struct {
+				Made string `json:"made"`
+			} `json:"verdict"`
+		}
+		getJSON(t, fmt.Sprintf("%s/api/traces/%s/allocations/%d", srv.URL, tr.ID, a.Seq), 200, &sel)
+		for _, m := range s.Matches {
+			if m.Seq != a.Seq {
+				continue
+			}
+			named++
+			if want := sel.Verdict.Made + " · no stack"; sel.Verdict.Made == "" || m.Label != want {
+				t.Errorf("allocation %d without frames: the search names it %q, the selection %q", a.Seq, m.Label, want)
+			}
+		}
+	}
+	if named == 0 {
+		t.Fatal("no allocation without frames was found by its address")
+	}
 }

@@ -36,6 +36,33 @@ export function fmtTime(us) {
 }
 
 /**
+ * Times in one unit, the unit fmtTime gives the largest of them (minutes
+ * give way to seconds when step is under a hundredth of a minute), with
+ * the decimals that step, the least difference to show, needs: an axis's
+ * ticks, a window's two ends ("8.45 min – 15.99 min", never "507.09 s –
+ * 15.99 min").
+ */
+export function fmtTimes(list, step) {
+  const a = Math.max(...list.map((t) => Math.abs(t)));
+  let [div, unit] = a < 1000 ? [1, "µs"] : a < 1e6 ? [1e3, "ms"] : a < 6e8 ? [1e6, "s"] : [6e7, "min"];
+  if (unit === "min" && step < 6e5) [div, unit] = [1e6, "s"];
+  const d = step > 0 ? Math.max(0, Math.min(6, Math.ceil(-Math.log10(step / div) - 1e-9))) : 0;
+  return list.map((t) => (t / div).toFixed(unit === "µs" ? 0 : d) + " " + unit);
+}
+
+/**
+ * Draws text centred on x, moved in as far as it must to stay within
+ * [lo, hi]: the labels at an axis's ends are never cut by the canvas.
+ */
+export function fillTextWithin(ctx, text, x, y, lo, hi) {
+  const w = ctx.measureText(text).width;
+  const align = ctx.textAlign;
+  ctx.textAlign = "left";
+  ctx.fillText(text, Math.max(lo, Math.min(hi - w, x - w / 2)), y);
+  ctx.textAlign = align;
+}
+
+/**
  * Where the state right after event seq stands: seq -1 is before the
  * first event, or, in a snapshot of no events, its one state.
  */

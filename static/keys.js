@@ -63,7 +63,8 @@ function table(rows) {
 
 // Zooms center on the cursor when it is in the window, else the middle.
 function focus(v) {
-  return v.cursor !== null && v.cursor >= v.t0 && v.cursor <= v.t1 ? v.cursor : (v.t0 + v.t1) / 2;
+  const c = v.cursorU ? v.cursorU() : v.cursor;
+  return c !== null && c >= v.t0 && c <= v.t1 ? c : (v.t0 + v.t1) / 2;
 }
 
 function pan(v, f) {

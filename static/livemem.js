@@ -22,9 +22,11 @@ export class LivePanel {
     this.flame = new Flame(document.getElementById("flame"), document.getElementById("flame-tip"), view, (n) => this.highlight(n));
     this.group.value = view.group;
     this.group.addEventListener("change", () => {
+      const fold = (g) => (g === "stack" ? "stack" : "frame");
+      const refold = fold(view.group) !== fold(this.group.value); // the timeline folds by stack or by frame
       view.group = this.group.value;
       view.setHighlight(null);
-      view.redraw();
+      view.request(...(refold ? ["timeline"] : []));
       this.load(this.seq, true);
     });
     view.addEventListener("highlight", () => { if (!view.highlight) { this.flame.selected = null; this.flame.draw(); this.markRow(); } });
@@ -159,6 +161,6 @@ export async function showJumps(view, goTo, ooms) {
 /** Shows a step: the window on it, the cursor at its peak. */
 function goToStepPeak(view, goTo, s) {
   const pad = (s.end_us - s.start_us) * 0.05;
-  view.setWindow(s.start_us - pad, s.end_us + pad);
+  view.showTimes(s.start_us - pad, s.end_us + pad);
   goTo(s.peak.seq, s.peak.time_us);
 }

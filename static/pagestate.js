@@ -12,14 +12,19 @@
 // bands (bands). A highlight (the allocations of a frame picked in the
 // flame graph) is outlined on the timeline and the segment map.
 //
+// The window is in the units of the time axis (microseconds) or, with
+// axis=event, of the event axis (event indexes: every event the same
+// width; axis.js). The cursor is a time, or an event (e), on either.
+//
 // Moves of the window or the cursor are announced as "move" events whose
 // detail says {kind: "window"|"cursor", user}. The page's own moves (such
 // as following a live trace) pass {user: false}, so listeners can tell the
 // user's moves from the program's.
-import { el, queryNum, fmtTime, initTheme, palette } from "./common.js";
+import { el, queryNum, fmtTime, fmtTimes, initTheme, palette } from "./common.js";
 import { FrameScheduler, Samples } from "./frames.js";
 import { Timeline } from "./timeline.js";
 import { SegMap } from "./segmap.js";
+import { EventAxis } from "./axis.js";
 import { madeLoader, showHitTip, stackLoader } from "./tips.js";
 
 const MIN_SPAN = 10; // µs
@@ -43,8 +48,12 @@ export class PageState extends EventTarget {
     this.root = root;
     this.id = root.dataset.id;
     this.firstUS = Number(root.dataset.firstUs);
-    this.fullT0 = this.firstUS;
-    this.fullT1 = Math.max(o.fullT1, this.firstUS + 1);
+    this.lastUS = Math.max(o.fullT1, this.firstUS + 1); // the times the cursor can take
+    // The event axis, where the page offers it (data-event-axis) and the
+    // URL asks for it; its knots load before the first frame (start).
+    this.axis = root.dataset.eventAxis === "1" && q.get("axis") === "event" ? "event" : "time";
+    this.events = null;
+    this.setFullRange();
     this.t0 = queryNum(q, "t0");
     this.t1 = queryNum(q, "t1");
     this.noTime = root.dataset.noTime === "1"; // times are event indexes
@@ -97,8 +106,57 @@ export class PageState extends EventTarget {
     this.segmap = new SegMap(document.getElementById("segmap"), document.getElementById("segmap-tip"), this);
   }
 
+  /** The window's whole range on the current axis: the trace's times, or its events. */
+  setFullRange() {
+    const d = this.root.dataset;
+    if (this.axis === "event") [this.fullT0, this.fullT1] = [Number(d.firstSeq), Number(d.lastSeq) + 1];
+    else [this.fullT0, this.fullT1] = [this.firstUS, this.lastUS];
+  }
+
+  /** The place of time t on the current axis. */
+  uOfTime(t) { return this.axis === "event" && this.events ? this.events.uOf(t) : t; }
+
+  /** The time at place u of the current axis. */
+  timeOfU(u) { return this.axis === "event" && this.events ? this.events.tOf(u) : u; }
+
+  /** The cursor's place on the current axis (null for none): on the event axis, the middle of its event. */
+  cursorU() {
+    if (this.axis === "event") {
+      const seq = this.cursorSeq ?? this.segmap.data?.seq;
+      if (seq !== null && seq !== undefined) return seq + 0.5;
+    }
+    return this.cursor === null ? null : this.uOfTime(this.cursor);
+  }
+
+  /**
+   * Switches the axis ("time" or "event"), keeping the same stretch of the
+   * trace in the window.
+   */
+  async setAxis(a) {
+    if (a === this.axis || (a === "event" && this.root.dataset.eventAxis !== "1")) return;
+    this.events ??= await EventAxis.load(this.id);
+    const t0 = this.timeOfU(this.t0), t1 = this.timeOfU(this.t1); // on the event axis, from the window's own knots
+    const [u0, u1] = a === "event" ? await EventAxis.window(this.id, t0, t1) : [t0, t1];
+    this.axis = a;
+    this.setFullRange();
+    this.setWindow(u0, Math.max(u1, u0 + 1));
+    this.dispatchEvent(new CustomEvent("axis"));
+  }
+
+  /** Shows the times [t0, t1] on the current axis. */
+  showTimes(t0, t1) { this.setWindow(this.uOfTime(t0), this.uOfTime(t1)); }
+
   /** Wires the theme, the reset button and resizing; call once the page's hooks are ready. */
   start() {
+    if (this.axis === "event") {
+      EventAxis.load(this.id).then((a) => { this.events = a; }, (e) => {
+        this.error("The event axis: " + e.message);
+        this.axis = "time"; // the window's event indexes cannot be placed in time: the whole trace
+        this.setFullRange();
+        if (this.t0 !== null) this.setWindow(this.fullT0, this.fullT1);
+        this.dispatchEvent(new CustomEvent("axis"));
+      }).finally(() => this.redraw());
+    }
     initTheme(() => { this.pal = palette(); this.redraw(); this.dispatchEvent(new CustomEvent("theme")); });
     document.getElementById("reset").addEventListener("click", () => this.resetWindow());
     let timer = 0;
@@ -134,6 +192,11 @@ export class PageState extends EventTarget {
   fmtT(t) {
     if (t === null || t === undefined) return "–"; // no cursor yet
     return this.noTime ? "#" + Math.round(t) : fmtTime(t - this.firstUS);
+  }
+
+  /** Times of the trace in one unit, with the decimals step needs (see fmtTimes). */
+  fmtTs(list, step) {
+    return this.noTime ? list.map((t) => "#" + Math.round(t)) : fmtTimes(list.map((t) => t - this.firstUS), step);
   }
 
   /** A span of time as shown. */
@@ -180,14 +243,24 @@ export class PageState extends EventTarget {
   }
 
   /** Grows the trace's time range (a live trace). */
-  extendTo(t) { if (t > this.fullT1) this.fullT1 = t; }
+  extendTo(t) {
+    if (t > this.lastUS) this.lastUS = t;
+    if (this.axis === "time" && t > this.fullT1) this.fullT1 = t;
+  }
 
   setCursor(t, { user = true } = {}) {
     if (this.fixedCursor) return;
-    this.cursor = Math.round(Math.max(this.fullT0, Math.min(this.fullT1, t)));
+    this.cursor = Math.round(Math.max(this.firstUS, Math.min(this.lastUS, t)));
     this.cursorSeq = null;
     this.request("map");
     this.moved("cursor", user);
+  }
+
+  /** Puts the cursor at place u of the current axis: on the event axis, right after the event there. */
+  setCursorAt(u, opts) {
+    if (this.axis !== "event") { this.setCursor(u, opts); return; }
+    const d = this.root.dataset;
+    this.setCursorSeq(Math.max(Number(d.firstSeq) - 1, Math.min(Number(d.lastSeq), Math.floor(u))), undefined, opts);
   }
 
   /** Puts the cursor right after event seq (its time is known once the map loads, or given as t). */
@@ -265,7 +338,10 @@ export class PageState extends EventTarget {
     const band = this.selectedBand(), info = this.selInfo;
     if (!band && !info) { this.resetWindow(); return; }
     let t0, t1;
-    if (info) {
+    if (info && this.axis === "event") {
+      t0 = Math.max(this.fullT0, info.seq);
+      t1 = info.free_seq >= 0 ? info.free_seq + 1 : this.fullT1;
+    } else if (info) {
       t0 = info.alloc_us < this.fullT0 ? this.fullT0 : info.alloc_us;
       t1 = info.free_us > this.fullT1 ? this.fullT1 : info.free_us;
     } else {
@@ -302,7 +378,7 @@ export class PageState extends EventTarget {
 
   async frame() {
     const f = this.frames;
-    if (this.t0 === null) return; // no window yet: the work waits for one
+    if (this.t0 === null || (this.axis === "event" && !this.events)) return; // no window (or axis) yet: the work waits for it
     this.writeURL();
     this.draw();
     if (this.hoverStart !== null) {
@@ -354,6 +430,7 @@ export class PageState extends EventTarget {
     if (this.allFrames) p.set("frames", "all");
     if (this.group !== "frame") p.set("g", this.group);
     if (this.bandMode !== "alloc") p.set("bands", this.bandMode);
+    if (this.axis !== "time") p.set("axis", this.axis);
     const url = location.pathname + "?" + p.toString();
     if (url !== location.pathname + location.search) history.replaceState(null, "", url);
   }
@@ -361,9 +438,18 @@ export class PageState extends EventTarget {
   draw() {
     this.timeline.draw(this.pal);
     this.segmap.draw(this.pal);
-    document.getElementById("window-label").textContent = this.noEvents ? "no events" :
-      this.fmtT(this.t0) + " – " + this.fmtT(this.t1) + " (" + this.fmtDur(this.t1 - this.t0) + ")";
+    document.getElementById("window-label").textContent = this.windowLabel();
     document.getElementById("cursor-label").textContent = this.hooks.cursorLabel(this.segmap.data);
+  }
+
+  /** The window as the page's label says it: its two ends in one unit, and its span. */
+  windowLabel() {
+    if (this.noEvents) return "no events";
+    if (this.axis === "event") {
+      const e0 = Math.max(this.fullT0, Math.ceil(this.t0)), e1 = Math.min(this.fullT1, Math.floor(this.t1)) - 1;
+      return `events #${e0} – #${e1} (${Math.max(0, e1 - e0 + 1)} events)`;
+    }
+    return this.fmtTs([this.t0, this.t1], (this.t1 - this.t0) / 200).join(" – ") + " (" + this.fmtDur(this.t1 - this.t0) + ")";
   }
 
   // The first frame with both the timeline and the map drawn: marked for

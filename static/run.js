@@ -5,7 +5,7 @@
 // rank's trace at that time (at the peak event itself on the peak cell);
 // a drag zooms into a time range. The series and the window are in the
 // URL; the frame scheduler draws once per frame whatever asked.
-import { api, el, fmtBytes, fmtTime, initTheme, fitCanvas, niceTicks, queryNum, palette, apiDelete } from "./common.js";
+import { api, el, fmtBytes, fmtTime, fmtTimes, fillTextWithin, initTheme, fitCanvas, niceTicks, queryNum, palette, apiDelete } from "./common.js";
 import { FrameScheduler } from "./frames.js";
 
 const root = document.getElementById("run");
@@ -237,13 +237,14 @@ function draw() {
   ctx.font = "11px system-ui, sans-serif";
   // Round numbers of the time since the run began, the labels' origin.
   page.ticks = niceTicks(page.t0 - FULL[0], page.t1 - FULL[0], Math.max(2, Math.floor(plotWidth() / 110)), false, true);
-  for (const t of page.ticks) {
+  const labels = fmtTimes(page.ticks, page.ticks.length > 1 ? page.ticks[1] - page.ticks[0] : page.t1 - page.t0);
+  page.ticks.forEach((t, i) => {
     const x = xOf(t + FULL[0]);
     ctx.fillRect(x, AXIS_H - 5, 1, 5);
-    ctx.fillText(fmtTime(t), x + 2, AXIS_H - 8);
-  }
-  document.getElementById("window-label").textContent =
-    `${fmtTime(page.t0 - FULL[0])} – ${fmtTime(page.t1 - FULL[0])} of the run · ${fmtTime(h.bucket_us)} per column`;
+    fillTextWithin(ctx, labels[i], x + 2 + ctx.measureText(labels[i]).width / 2, AXIS_H - 8, 0, LABEL_W + plotWidth() + 6);
+  });
+  const ends = fmtTimes([page.t0 - FULL[0], page.t1 - FULL[0]], (page.t1 - page.t0) / 100);
+  document.getElementById("window-label").textContent = `${ends[0]} – ${ends[1]} of the run · ${fmtTime(h.bucket_us)} per column`;
   page.drawMs = performance.now() - started;
 }
 

@@ -37,7 +37,7 @@ export class Search {
       const r = await api(`/api/traces/${v.id}/search?q=${encodeURIComponent(q)}&limit=1000`);
       if (v.q !== q) return;
       this.result = r;
-      v.searchMarks = r.matches.map((m) => (m.alloc_us < v.fullT0 ? v.fullT0 : m.alloc_us));
+      v.searchMarks = r.matches.map((m) => Math.max(v.firstUS, m.alloc_us));
       v.searchSeqs = new Set(r.matches.map((m) => m.seq));
       v.redraw();
       this.render();

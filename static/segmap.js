@@ -7,7 +7,7 @@
 // segments of private pools (CUDA graphs, MemPools) come after the default
 // pools', each pool under a heading of its own, as their blocks serve only
 // that pool's requests.
-import { api, LatestFetch, fitCanvas, fmtAddr, fmtBytesShort, niceTicks } from "./common.js";
+import { api, LatestFetch, fitCanvas, fmtAddr, fmtBytesShort, niceTicks, fillTextWithin } from "./common.js";
 
 const LABEL = 170, ROW = 18, GAP = 4, TOP = 20, RIGHT = 8;
 const SEG = 7, BLK = 6; // columns of the flat arrays
@@ -112,7 +112,7 @@ export class SegMap {
     ctx.textAlign = "center";
     for (const o of niceTicks(m0, m1, Math.max(2, Math.floor(this.plotW / 120)), true)) {
       const x = this.xOf(o);
-      ctx.fillText("+" + fmtBytesShort(o), x, TOP / 2);
+      fillTextWithin(ctx, "+" + fmtBytesShort(o), x, TOP / 2, 2, this.cssW - 2);
     }
     const segs = d.segments, blks = d.blocks, sel = this.view.sel;
     const largest = d.largest_free_address;

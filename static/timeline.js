@@ -1,5 +1,13 @@
 // The timeline: reserved / allocated / active bytes (min/max per pixel
-// column from the server) over memory_viz's stacked active-memory bands.
+// column from the server) over memory_viz's stacked active-memory bands,
+// on a time axis or an event axis (every event the same width; axis.js):
+// its coordinate, u, is the page state's window unit, and what has a time
+// is placed on it through the state (xOfTime). Allocations too small to
+// draw one by one come folded into bands by group (their first user frame
+// or stack), in their group's colour (or category's): the grey envelope
+// behind shows only what no sample could tell apart. The lines are drawn
+// over everything, and a line above or below the memory range shown is
+// pinned to that edge with its value.
 // Both axes zoom: the time window (wheel, drag, shift-drag) and the memory
 // range (ctrl- or alt-wheel, or a shift-dragged rectangle); the server
 // sends the bands at least a pixel tall in the visible range, at their
@@ -13,9 +21,9 @@
 // /bands/categories, in the same order), or replaced by stacked areas of
 // the bytes of each category at instants of the window (/categories). Annotated steps shade the plot behind, phases mark a strip
 // at its top; a click in the strip goes to that step's peak.
-import { api, apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesShort } from "./common.js";
+import { api, apiBinary, LatestFetch, fitCanvas, niceTicks, fmtBytes, fmtBytesShort, fillTextWithin } from "./common.js";
 
-const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 8;
+const AXIS_LEFT = 64, AXIS_BOTTOM = 22, TOP = 8, RIGHT = 12;
 const STRIP = 12; // the phases' strip at the top of the plot, with the steps' labels
 const PHASES = { forward: 3, backward: 2, optimizer: 1, zero_grad: 4, communication: 5 }; // colours: indexes into the category palette
 
@@ -37,35 +45,52 @@ export function phaseLegend(regions) {
 }
 const MIN_BYTES_SPAN = 4096;
 
-/** The usage answer's binary form (see server/bands.go). */
+/** The usage answer's binary form (see store/answers.go): "VSU2" on the event axis, with its columns' times. */
 export function decodeUsage(buf) {
   const dv = new DataView(buf);
-  if (dv.getUint32(0, true) !== 0x31555356) throw new Error("not a usage answer"); // "VSU1"
+  const tag = dv.getUint32(0, true);
+  if (tag !== 0x31555356 && tag !== 0x32555356) throw new Error("not a usage answer"); // "VSU1", "VSU2"
   const n = dv.getUint32(4, true);
-  const f = new Float64Array(buf, 8, 2 + 7 * n);
+  const f = new Float64Array(buf, 8, 2 + 7 * n + (tag === 0x32555356 ? n + 1 : 0));
   return { bucket_us: f[0], start_us: f[1], events: f.subarray(2, 2 + n),
-    reserved: f.subarray(2 + n, 2 + 3 * n), allocated: f.subarray(2 + 3 * n, 2 + 5 * n), active: f.subarray(2 + 5 * n, 2 + 7 * n) };
+    reserved: f.subarray(2 + n, 2 + 3 * n), allocated: f.subarray(2 + 3 * n, 2 + 5 * n), active: f.subarray(2 + 5 * n, 2 + 7 * n),
+    times: tag === 0x32555356 ? f.subarray(2 + 7 * n) : null };
 }
 
-/** The bands answer's binary form (see server/bands.go). */
+/** The bands answer's binary form (see store/answers.go). */
 export function decodeBands(buf) {
   const dv = new DataView(buf);
-  if (dv.getUint32(0, true) !== 0x31425356) throw new Error("not a bands answer"); // "VSB1"
+  if (dv.getUint32(0, true) !== 0x32425356) throw new Error("not a bands answer"); // "VSB2"
   const u = (i) => dv.getUint32(4 + 4 * i, true);
-  const w = u(0), nb = u(1), nr = u(2);
-  const f = new Float64Array(buf, 32, 6 + w + 4 * nb + nr);
-  const i32 = new Uint32Array(buf, 32 + 8 * f.length, 4 * nb + 1 + nr);
-  const at = 6 + w;
+  const w = u(0), nb = u(1), nr = u(2), nf = u(6), ng = u(7);
+  const f = new Float64Array(buf, 40, 6 + w + 4 * nb + nr + 6 * nf);
+  const i32 = new Uint32Array(buf, 40 + 8 * f.length, 4 * nb + 1 + nr + 5 * nf);
+  const at = 6 + w, fat = at + 4 * nb + nr, iat = 4 * nb + 1 + nr;
   const out = {
-    w, dropped: u(3), samples: u(4), checkpoints: u(5) === 1,
+    w, dropped: u(3), samples: u(4), checkpoints: (u(5) & 1) !== 0, events: (u(5) & 2) !== 0,
     t0: f[0], t1: f[1], m0: f[2], m1: f[3], y_max: f[4], min_bytes: f[5],
-    allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb), runCols: i32.subarray(4 * nb + 1), bands: new Array(nb),
+    allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb, fat), runCols: i32.subarray(4 * nb + 1, iat), bands: new Array(nb),
+    folds: new Array(nf),
+    groups: JSON.parse(new TextDecoder().decode(new Uint8Array(buf, 40 + 8 * f.length + 4 * i32.length, ng))),
   };
   for (let i = 0; i < nb; i++) {
     out.bands[i] = { i, seq: f[at + i], address: f[at + nb + i], size: f[at + 2 * nb + i], requested_size: f[at + 3 * nb + i],
       stack: i32[i], c0: i32[nb + i], c1: i32[2 * nb + i], r0: i32[3 * nb + i], r1: i32[3 * nb + i + 1] };
   }
+  for (let i = 0; i < nf; i++) {
+    const r = fat + 2 * nf;
+    out.folds[i] = { i, offset: f[fat + i], size: f[fat + nf + i],
+      c0: i32[iat + i], c1: i32[iat + nf + i], group: i32[iat + 2 * nf + i], count: i32[iat + 3 * nf + i],
+      rep: { seq: f[r + i], address: f[r + nf + i], size: f[r + 2 * nf + i], requested_size: f[r + 3 * nf + i], stack: i32[iat + 4 * nf + i] } };
+  }
   return out;
+}
+
+/** A string's hash (FNV-1a), for colours that stay with a name. */
+function hashString(s) {
+  let h = 0x811c9dc5;
+  for (let i = 0; i < s.length; i++) h = Math.imul(h ^ s.charCodeAt(i), 0x01000193);
+  return h >>> 0;
 }
 
 export class Timeline {
@@ -101,8 +126,17 @@ export class Timeline {
     if (h) this.cssH = Math.max(200, Math.round(h));
   }
 
-  xOf(t) { const v = this.view; return AXIS_LEFT + ((t - v.t0) / (v.t1 - v.t0)) * this.plotW; }
+  // The data's area: the plot below the phases' strip, when there is one,
+  // so that nothing the strip covers is data.
+  get dataTop() { const v = this.view; return TOP + (v.regions.length || v.metaMarks.length ? STRIP : 0); }
+  get dataH() { return TOP + this.plotH - this.dataTop; }
+
+  /** The x of u, a place on the window's axis (a time, or an event index). */
+  xOf(u) { const v = this.view; return AXIS_LEFT + ((u - v.t0) / (v.t1 - v.t0)) * this.plotW; }
+  /** The place on the window's axis at x. */
   tOf(x) { const v = this.view; return v.t0 + ((x - AXIS_LEFT) / this.plotW) * (v.t1 - v.t0); }
+  /** The x of time t, on either axis. */
+  xOfTime(t) { return this.xOf(this.view.uOfTime(t)); }
 
   /** The visible memory range: the view's, else 0 to the window's peak. */
   yRange() {
@@ -120,8 +154,8 @@ export class Timeline {
     this.autoTop = Math.max(1, m) * 1.05;
   }
 
-  yOf(b) { const [y0, y1] = this.yRange(); return TOP + this.plotH - ((b - y0) / (y1 - y0)) * this.plotH; }
-  bytesOf(y) { const [y0, y1] = this.yRange(); return y0 + ((TOP + this.plotH - y) / this.plotH) * (y1 - y0); }
+  yOf(b) { const [y0, y1] = this.yRange(); return TOP + this.plotH - ((b - y0) / (y1 - y0)) * this.dataH; }
+  bytesOf(y) { const [y0, y1] = this.yRange(); return y0 + ((TOP + this.plotH - y) / this.dataH) * (y1 - y0); }
 
   /** Fetch the data of the current window and memory range (stale requests are aborted). */
   async load() {
@@ -131,15 +165,18 @@ export class Timeline {
     const h = Math.round(this.plotH);
     const base = `/api/traces/${v.id}`;
     const mem = v.y1 !== null && v.y1 > v.y0 ? `&m0=${Math.floor(v.y0)}&m1=${Math.ceil(v.y1)}` : "";
+    const axis = v.axis === "event" ? "&axis=event" : "";
+    const fold = v.group === "stack" ? "&fold=stack" : "";
     const mode = v.bandMode;
     const got = await this.fetcher.run((signal) => Promise.all([
-      apiBinary(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}&format=bin`, { signal }),
-      apiBinary(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}&format=bin`, { signal }),
-      mode === "category" ? api(`${base}/bands/categories?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}`, { signal }) : null,
-      mode === "area" ? api(`${base}/categories?t0=${t0}&t1=${t1}&n=${Math.min(160, Math.max(8, Math.round(w / 8)))}`, { signal }) : null,
+      apiBinary(`${base}/usage?t0=${t0}&t1=${t1}&n=${w}${axis}&format=bin`, { signal }),
+      apiBinary(`${base}/bands?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}${axis}${fold}&format=bin`, { signal }),
+      mode === "category" ? api(`${base}/bands/categories?t0=${t0}&t1=${t1}&w=${w}&h=${h}${mem}${axis}${fold}`, { signal }) : null,
+      mode === "area" ? api(`${base}/categories?t0=${t0}&t1=${t1}&n=${Math.min(2000, Math.max(8, w))}${axis}`, { signal }) : null,
     ]));
     if (!got) return false;
     this.usage = { ...decodeUsage(got[0]), t0, t1 };
+    if (this.usage.times) v.events?.setFine(this.usage.start_us, this.usage.bucket_us, this.usage.times);
     this.bands = decodeBands(got[1]);
     this.bandCats = got[2];
     this.areas = got[3] && { ...got[3], t0, t1 };
@@ -172,7 +209,7 @@ export class Timeline {
     const [lo, hi] = this.yRange();
     const ax = (t1 - t0) / (v.t1 - v.t0), ay = (y1 - y0) / (hi - lo);
     const bx = AXIS_LEFT + ((t0 - v.t0) / (v.t1 - v.t0)) * this.plotW - AXIS_LEFT * ax;
-    const by = TOP + this.plotH - ((y0 - lo) / (hi - lo)) * this.plotH - (TOP + this.plotH) * ay;
+    const by = TOP + this.plotH - ((y0 - lo) / (hi - lo)) * this.dataH - (TOP + this.plotH) * ay;
     ctx.save();
     ctx.beginPath();
     ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
@@ -192,10 +229,20 @@ export class Timeline {
     ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
     ctx.clip();
     this.drawSteps(ctx, pal);
-    if (this.view.bandMode === "area" && this.areas) this.drawCategoryAreas(ctx, pal);
-    else this.drawBands(ctx, pal);
+    this.drawData(ctx, pal);
     this.drawUsage(ctx, pal);
     this.drawSearchMarks(ctx, pal);
+    ctx.restore();
+  }
+
+  /** The memory's make-up, clipped to the plot: bands (or stacked areas) over the allocated envelope. */
+  drawData(ctx, pal) {
+    ctx.save();
+    ctx.beginPath();
+    ctx.rect(AXIS_LEFT, TOP, this.plotW, this.plotH);
+    ctx.clip();
+    if (this.view.bandMode === "area" && this.areas) this.drawCategoryAreas(ctx, pal);
+    else this.drawBands(ctx, pal);
     ctx.restore();
   }
 
@@ -207,7 +254,7 @@ export class Timeline {
     ctx.globalAlpha = 0.45;
     for (const r of steps) {
       if (r.step % 2) continue;
-      const x0 = this.xOf(r.start_us), x1 = this.xOf(r.end_us);
+      const x0 = this.xOfTime(r.start_us), x1 = this.xOfTime(r.end_us);
       if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
       ctx.fillRect(x0, TOP, Math.max(1, x1 - x0), this.plotH);
     }
@@ -223,7 +270,7 @@ export class Timeline {
   drawPhasesLayer(ctx, pal) {
     const v = this.view;
     if (!v.regions.length && !v.metaMarks.length) return;
-    const key = [v.t0, v.t1, this.cssW, this.cssH].join();
+    const key = [v.t0, v.t1, this.cssW, this.cssH, v.axis, v.events?.version].join(); // a new answer places times anew on the event axis
     const same = (s) => s && s.key === key && s.pal === pal && s.regions === v.regions && s.marks === v.metaMarks;
     if (!same(this.phasesDrawn)) {
       if (!same(this.phasesSeen)) {
@@ -259,7 +306,7 @@ export class Timeline {
     ctx.globalAlpha = 1;
     ctx.lineWidth = 1; // drawn over a selection's wider outline, or into a layer of its own: the same lines
     for (const r of rs) {
-      const x0 = this.xOf(r.start_us), x1 = this.xOf(r.end_us);
+      const x0 = this.xOfTime(r.start_us), x1 = this.xOfTime(r.end_us);
       if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
       if (r.step >= 0) {
         ctx.strokeStyle = pal.dim;
@@ -281,7 +328,7 @@ export class Timeline {
     const right = AXIS_LEFT + this.plotW;
     for (const r of rs) {
       if (r.step < 0) continue;
-      const x0 = Math.max(AXIS_LEFT, this.xOf(r.start_us)) + 3, x1 = Math.min(right, this.xOf(r.end_us)) - 2;
+      const x0 = Math.max(AXIS_LEFT, this.xOfTime(r.start_us)) + 3, x1 = Math.min(right, this.xOfTime(r.end_us)) - 2;
       if (x0 < lastEnd || x0 > right) continue;
       const label = ["step " + r.step, String(r.step)].find((l) => x0 + ctx.measureText(l).width <= x1);
       if (!label) continue;
@@ -296,7 +343,7 @@ export class Timeline {
     ctx.setLineDash([2, 3]);
     lastEnd = -Infinity;
     for (const m of marks) {
-      const x = Math.round(this.xOf(m.time_us)) + 0.5;
+      const x = Math.round(this.xOfTime(m.time_us)) + 0.5;
       if (x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) continue;
       ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x, TOP + this.plotH); ctx.stroke();
       const label = m.user_metadata || "(no user_metadata)";
@@ -311,7 +358,7 @@ export class Timeline {
   /** The step whose label strip is under a point, or null. */
   stepAt(x, y) {
     if (y < TOP || y > TOP + STRIP || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) return null;
-    const t = this.tOf(x);
+    const t = this.view.timeOfU(this.tOf(x));
     return this.view.regions.find((r) => r.step >= 0 && r.start_us <= t && t < r.end_us) || null;
   }
 
@@ -356,8 +403,9 @@ export class Timeline {
       if (this.hover?.band && this.hover.band !== selected) this.outlineBand(ctx, this.hover.band, pal.fg, 1);
     }
     this.drawPhasesLayer(ctx, pal);
-    if (v.cursor !== null && v.cursor !== undefined) {
-      const x = Math.round(this.xOf(v.cursor)) + 0.5;
+    const cu = v.cursorU();
+    if (cu !== null && cu !== undefined) {
+      const x = Math.round(this.xOf(cu)) + 0.5;
       ctx.strokeStyle = pal.cursor;
       ctx.lineWidth = 1;
       ctx.setLineDash([4, 3]);
@@ -366,7 +414,7 @@ export class Timeline {
     }
     // Markers (OOM incidents): a solid line with a flag at the top.
     for (const m of v.markers || []) {
-      const x = Math.round(this.xOf(m.t)) + 0.5;
+      const x = Math.round(this.xOfTime(m.t)) + 0.5;
       ctx.strokeStyle = ctx.fillStyle = pal.oom;
       ctx.lineWidth = 2;
       ctx.beginPath(); ctx.moveTo(x, TOP); ctx.lineTo(x, TOP + this.plotH); ctx.stroke();
@@ -389,7 +437,7 @@ export class Timeline {
   // into one path, filled once.
   drawBands(ctx, pal) {
     const b = this.bands;
-    if (!b) return;
+    if (!b || b.events !== (this.view.axis === "event")) return; // an answer on the other axis
     const colW = (b.t1 - b.t0) / b.w;
     // An answer drawn at another scale than its own (while the next one is
     // on its way) can map far off the plot: coordinates are clamped to just
@@ -421,6 +469,20 @@ export class Timeline {
     const cats = this.view.bandMode !== "alloc" && this.bandCats?.band;
     const colors = cats ? pal.cats : pal.bands;
     const colorOf = cats ? (band) => cats[band.i] : (band) => (band.seq >= 0 ? band.seq : Math.floor(band.address / 512)) % colors.length;
+    // Folded bands: their group's colour (a hash of its name, the same in
+    // every answer), or their category's.
+    const foldCats = cats && this.bandCats.fold;
+    const groupColor = b.groups.map((g) => hashString(g) % colors.length);
+    const foldColor = foldCats ? (f) => foldCats[f.i] : (f) => groupColor[f.group];
+    for (let k = 0; k < colors.length; k++) {
+      ctx.fillStyle = colors[k];
+      for (const f of b.folds) {
+        if (f.c1 < c0 || f.c0 >= c1 || f.offset >= hi || f.offset + f.size <= lo || foldColor(f) !== k) continue;
+        const x0 = xc(f.c0), x1 = xc(f.c1 + 1);
+        const y1 = yc(f.offset), y0 = yc(f.offset + f.size);
+        ctx.fillRect(x0, y0, Math.max(1, x1 - x0), y1 - y0);
+      }
+    }
     for (let k = 0; k < colors.length; k++) {
       ctx.fillStyle = colors[k];
       for (const band of b.bands) {
@@ -475,7 +537,7 @@ export class Timeline {
 
   drawUsage(ctx, pal) {
     const u = this.usage;
-    if (!u) return;
+    if (!u || (u.times !== null) !== (this.view.axis === "event")) return; // none, or an answer on the other axis
     const n = u.events.length;
     const left = AXIS_LEFT - 2, right = AXIS_LEFT + this.plotW + 2, top = TOP - 2, bottom = TOP + this.plotH + 2;
     const xc = (t) => Math.max(left, Math.min(right, this.xOf(t)));
@@ -509,6 +571,43 @@ export class Timeline {
       ctx.globalAlpha = 1;
       ctx.stroke(line);
     }
+    this.drawPinned(ctx, pal, series);
+  }
+
+  // A series wholly above (or below) the memory range shown is drawn
+  // along that edge, dashed, with its greatest (least) value: a line is
+  // never out of sight.
+  drawPinned(ctx, pal, series) {
+    const u = this.usage, v = this.view, n = u.events.length;
+    const i0 = Math.max(0, Math.floor((v.t0 - u.start_us) / u.bucket_us)), i1 = Math.min(n, Math.ceil((v.t1 - u.start_us) / u.bucket_us));
+    const [lo, hi] = this.yRange();
+    let above = 0, below = 0;
+    ctx.font = "10px system-ui, sans-serif";
+    ctx.textAlign = "right";
+    ctx.setLineDash([4, 3]);
+    for (const [key, color] of series) {
+      const mm = u[key];
+      let least = Infinity, most = -Infinity;
+      for (let i = i0; i < i1; i++) { least = Math.min(least, mm[2 * i]); most = Math.max(most, mm[2 * i + 1]); }
+      if (!(most > -Infinity)) continue;
+      let y, label;
+      if (least > hi) {
+        y = this.dataTop + 1.5 + 12 * above++;
+        label = `${key} ${fmtBytesShort(least)}–${fmtBytesShort(most)}, above ↑`;
+      } else if (most < lo) {
+        y = TOP + this.plotH - 1.5 - 12 * below++;
+        label = `${key} ${fmtBytesShort(least)}–${fmtBytesShort(most)}, below ↓`;
+      } else continue;
+      ctx.strokeStyle = ctx.fillStyle = color;
+      ctx.beginPath(); ctx.moveTo(AXIS_LEFT, y); ctx.lineTo(AXIS_LEFT + this.plotW, y); ctx.stroke();
+      const w = ctx.measureText(label).width, x = AXIS_LEFT + this.plotW - 4, ty = y + (least > hi ? 7 : -7);
+      ctx.fillStyle = pal.panel;
+      ctx.fillRect(x - w - 2, ty - 6, w + 4, 12);
+      ctx.fillStyle = color;
+      ctx.textBaseline = "middle";
+      ctx.fillText(label, x, ty);
+    }
+    ctx.setLineDash([]);
   }
 
   // Search matches: a tick under the plot at each match's allocation time.
@@ -517,7 +616,7 @@ export class Timeline {
     if (!marks?.length) return;
     ctx.fillStyle = pal.select;
     for (const t of marks) {
-      const x = this.xOf(t);
+      const x = this.xOfTime(t);
       if (x < AXIS_LEFT || x > AXIS_LEFT + this.plotW) continue;
       ctx.fillRect(Math.round(x) - 1, TOP + this.plotH - 7, 2, 7);
     }
@@ -549,22 +648,22 @@ export class Timeline {
     ctx.textBaseline = "top";
     const y0 = TOP + this.plotH;
     ctx.beginPath(); ctx.moveTo(AXIS_LEFT, y0 + 0.5); ctx.lineTo(AXIS_LEFT + this.plotW, y0 + 0.5); ctx.stroke();
-    const origin = v.firstUS;
+    const origin = v.axis === "event" ? 0 : v.firstUS;
     // Whole numbers: times are whole microseconds (or event indexes), and
     // finer ticks would repeat their labels ("0 µs 0 µs 1 µs").
-    this.tickLabels = [];
-    for (const t of niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)), false, true)) {
-      const x = Math.round(this.xOf(t + origin)) + 0.5;
+    const times = niceTicks(v.t0 - origin, v.t1 - origin, Math.max(2, Math.floor(this.plotW / 110)), false, true).map((t) => t + origin);
+    this.tickLabels = v.axis === "event" ? times.map((e) => "#" + e.toLocaleString("en-US")) : v.fmtTs(times, times.length > 1 ? times[1] - times[0] : v.t1 - v.t0);
+    times.forEach((t, i) => {
+      const x = Math.round(this.xOf(t)) + 0.5;
       ctx.beginPath(); ctx.moveTo(x, y0); ctx.lineTo(x, y0 + 4); ctx.stroke();
-      this.tickLabels.push(v.fmtT(t + origin));
-      ctx.fillText(this.tickLabels.at(-1), x, y0 + 6);
-    }
+      fillTextWithin(ctx, this.tickLabels[i], x, y0 + 6, 2, this.cssW - 2);
+    });
   }
 
   /** The band (or the allocated envelope) under a point, or null. */
   hit(x, y) {
     const b = this.bands;
-    if (!b || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW || y < TOP || y > TOP + this.plotH) return null;
+    if (!b || b.events !== (this.view.axis === "event") || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW || y < this.dataTop || y > TOP + this.plotH) return null;
     const t = this.tOf(x);
     const c = Math.floor((t - b.t0) / ((b.t1 - b.t0) / b.w));
     if (c < 0 || c >= b.w) return null;
@@ -575,6 +674,9 @@ export class Timeline {
       while (r + 1 < band.r1 && b.runCols[r + 1] <= c) r++;
       const off = b.runOffs[r];
       if (bytes >= off && bytes < off + band.size) return { band, t };
+    }
+    for (const f of b.folds) {
+      if (c >= f.c0 && c <= f.c1 && bytes >= f.offset && bytes < f.offset + f.size) return { fold: f, group: b.groups[f.group], t };
     }
     if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t };
     return { t };
@@ -644,10 +746,11 @@ export class Timeline {
         v.goToStep(this.stepAt(x, y));
       } else if (!drag.moved) {
         const h = this.hit(x, y);
-        v.setCursor(this.tOf(x));
-        if (h && h.band) {
-          if (h.band.seq >= 0) v.select(h.band.seq);
-          else v.selectBlock({ addr: h.band.address, size: h.band.size, requested: h.band.requested_size, stack: h.band.stack, seq: -1 });
+        v.setCursorAt(this.tOf(x));
+        const band = h && (h.band || h.fold?.rep); // a folded band: its largest allocation
+        if (band) {
+          if (band.seq >= 0) v.select(band.seq);
+          else v.selectBlock({ addr: band.address, size: band.size, requested: band.requested_size, stack: band.stack, seq: -1 });
         }
       }
       drag = null;

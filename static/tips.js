@@ -121,7 +121,7 @@ const STATES = ["cached free", "allocated", "pending free"];
  * view gives stackOf, the frames setting and the segments marked as pinned.
  */
 export function showHitTip(view, tip, h, x, y) {
-  if (!h || (!h.band && !h.block && !h.small)) { hideTip(tip); return; }
+  if (!h || (!h.band && !h.block && !h.small && !h.fold)) { hideTip(tip); return; }
   const rows = [];
   let sid = 0, seq = -1;
   if (h.band) {
@@ -137,10 +137,18 @@ export function showHitTip(view, tip, h, x, y) {
       rows.push("requested " + fmtBytes(b.requested), el("br"), (b.seq >= 0 ? "alloc #" + b.seq : "allocated before the trace") + " at " + fmtAddr(b.addr));
       sid = b.stack, seq = b.seq;
     } else rows.push("at " + fmtAddr(b.addr));
+  } else if (h.fold) {
+    // A folded band: allocations too small to draw one by one here, named
+    // by the group holding most of its bytes and by its largest.
+    const f = h.fold, r = f.rep;
+    rows.push(el("strong", {}, fmtBytes(f.size) + " in " + f.count + (f.count === 1 ? " allocation" : " allocations")), el("br"),
+      "folded: each under a pixel tall at this zoom; most bytes from " + (h.group || "allocations without frames"), el("br"),
+      "the largest: " + fmtBytes(r.size) + ", " + (r.seq >= 0 ? "alloc #" + r.seq : "allocated before the trace") + " at " + fmtAddr(r.address));
+    sid = r.stack, seq = r.seq;
   } else {
     rows.push(el("strong", {}, "up to " + fmtBytes(h.small) + " allocated here"), el("br"),
-      "in allocations under a pixel tall (or shorter than a column) at this zoom:", el("br"),
-      "zoom in (W, or shift-drag a rectangle) to see them");
+      "not told apart: a window this dense is drawn from its stored checkpoints,", el("br"),
+      "not from each column's peak; zoom in (W, or shift-drag a rectangle) to see them");
   }
   placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames, !sid && seq >= 0 ? view.madeOf(seq) : null);
 }

@@ -36,11 +36,19 @@ const view = new PageState(root, {
 view.firstSeq = Number(data.firstSeq);
 view.lastSeq = Number(data.lastSeq);
 view.noEvents = view.lastSeq < 0 && data.status !== "live"; // a snapshot of its state alone
-// No window in the URL: the steps when the server says they come long
-// after the trace's start (model loading first), else the whole trace.
-view.t0 ??= Number(data.stepsUs) >= 0 ? Number(data.stepsUs) : view.fullT0;
-view.t1 ??= view.fullT1;
+// No window in the URL: where the server says a first look should go (the
+// steady steps, or where the events are), with a note of what that left
+// out until the window moves; else the whole trace.
+const openNote = document.getElementById("open-note");
+if (view.t0 === null || view.t1 === null) {
+  const ev = view.axis === "event";
+  view.t0 = Number(ev ? data.openE0 : data.openT0);
+  view.t1 = Number(ev ? data.openE1 : data.openT1);
+  openNote.hidden = !openNote.firstChild?.textContent.trim();
+}
 if (!(view.t1 > view.t0)) { view.t0 = view.fullT0; view.t1 = view.fullT1; }
+view.addEventListener("move", (e) => { if (e.detail.kind === "window" && e.detail.user) openNote.hidden = true; });
+document.getElementById("open-whole").addEventListener("click", () => view.resetWindow());
 window.vramscope = view; // for tests and the console
 
 // No cursor in the URL: start right after the event at the peak of
@@ -51,16 +59,17 @@ function initialCursor() {
     view.cursorSeq = seq;
     return Number(data.peakUs);
   }
-  return view.fullT1;
+  return view.lastUS;
 }
 
 // ---- going to events -------------------------------------------------------
 
 /** Puts the cursor right after event seq at time t, bringing t into the window. */
 function goTo(seq, t) {
-  if (t < view.t0 || t > view.t1) {
+  const u = view.axis === "event" ? seq + 0.5 : t;
+  if (u < view.t0 || u > view.t1) {
     const span = view.t1 - view.t0;
-    view.setWindow(t - span / 2, t + span / 2);
+    view.setWindow(u - span / 2, u + span / 2);
   }
   view.setCursorSeq(seq, t);
 }
@@ -233,6 +242,12 @@ function showBandMode() {
 bandMode.value = view.bandMode;
 bandMode.addEventListener("change", () => { view.setBandMode(bandMode.value); showBandMode(); });
 showBandMode();
+// The axis: time, or events (offered for a trace of timed events, not live).
+const axis = document.getElementById("axis");
+document.getElementById("axis-label").hidden = data.eventAxis !== "1";
+axis.value = view.axis;
+axis.addEventListener("change", () => view.setAxis(axis.value).catch((e) => view.error("The event axis: " + e.message)));
+view.addEventListener("axis", () => { axis.value = view.axis; });
 const search = new Search(view, document.getElementById("search-form"), document.getElementById("search-q"), document.getElementById("panel-search"));
 view.search = search;
 initKeys(view, [

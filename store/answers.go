@@ -2,6 +2,7 @@ package store
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"math"
 
 	"vramscope/gpu"
@@ -56,25 +57,22 @@ type LayoutColumns struct {
 }
 
 // MarkPools names the private pool of each segment of c that a snapshot
-// put in one (segs: its private pools' segments): the segment the
-// snapshot dumped at its address, if it is the same size (a private
-// pool's segments are never resized or split).
-func (c *LayoutColumns) MarkPools(segs []gpu.SnapshotSegment) {
+// put in one (segs): the segment the snapshot dumped at its address, if
+// it is the same size (a private pool's segments are never resized or
+// split) and its life had begun by c's instant; an earlier segment at the
+// same address was another one.
+func (c *LayoutColumns) MarkPools(segs []PoolSegment) {
 	if len(segs) == 0 {
 		return
 	}
-	type seg struct {
-		size uint64
-		pool [2]int64
-	}
-	private := map[uint64]seg{}
+	private := make(map[uint64]PoolSegment, len(segs))
 	for _, s := range segs {
-		private[s.Segment.Addr] = seg{s.Segment.Size, s.PoolID}
+		private[s.Addr] = s
 	}
 	for i := 0; i < len(c.Segments); i += SegmentColumns {
 		addr, size := uint64(c.Segments[i]), uint64(c.Segments[i+1])
-		if p, ok := private[addr]; ok && p.size == size {
-			c.Pools = append(c.Pools, [3]int64{int64(addr), p.pool[0], p.pool[1]})
+		if p, ok := private[addr]; ok && p.Size == size && p.Since <= c.Seq {
+			c.Pools = append(c.Pools, [3]int64{int64(addr), p.Pool[0], p.Pool[1]})
 		}
 	}
 }
@@ -159,32 +157,57 @@ func (u UsageColumns) AppendBinary(buf []byte) []byte {
 	return b.b
 }
 
-// AppendBinary appends the binary form of o.
+// AppendBinary appends the binary form of u: the usage form, its bucket
+// the columns' width in events, and the columns' times after it.
+func (u EventUsage) AppendBinary(buf []byte) []byte {
+	b := &binWriter{b: u.UsageColumns.AppendBinary(buf)}
+	copy(b.b[len(buf):], "VSU2")
+	binary.LittleEndian.PutUint64(b.b[len(buf)+8:], math.Float64bits(u.Width))
+	for _, t := range u.Times {
+		b.f64(float64(t))
+	}
+	return b.b
+}
+
+// AppendBinary appends the binary form of o: a header ("VSB2", then
+// w, bands, runs, dropped, samples, flags (1 checkpoints, 2 events),
+// folds, groups' bytes, each a uint32), the float64 columns (t0, t1, m0,
+// m1, y_max, min_bytes, allocated[w], the bands' seq, address, size,
+// requested size, the runs' offsets, the folds' offset, size, and their
+// representatives' seq, address, size, requested size), the uint32
+// columns (the bands' stack, c0, c1, first run (one more: the runs' end),
+// the runs' columns, the folds' c0, c1, group, count and representatives'
+// stack), then the groups' names as a JSON array.
 func (o *Bands) AppendBinary(buf []byte) []byte {
 	runs := 0
 	for i := range o.Bands {
 		runs += len(o.Bands[i].Runs) / 2
 	}
-	nb := len(o.Bands)
+	groups, _ := json.Marshal(o.Groups)
+	nb, nf := len(o.Bands), len(o.Folds)
 	b := &binWriter{b: buf}
-	b.b = append(b.b, "VSB1"...)
+	b.b = append(b.b, "VSB2"...)
 	flags := uint32(0)
 	if o.Sampled == "checkpoints" {
-		flags = 1
+		flags |= 1
 	}
-	b.u32(uint32(o.W), uint32(nb), uint32(runs), uint32(o.Dropped), uint32(o.Samples), flags, 0) // 0 pads to 32 bytes
+	if o.Events {
+		flags |= 2
+	}
+	b.u32(uint32(o.W), uint32(nb), uint32(runs), uint32(o.Dropped), uint32(o.Samples), flags, uint32(nf), uint32(len(groups)), 0) // 0 pads to 40 bytes
 	for _, v := range []float64{float64(o.T0), float64(o.T1), float64(o.M0), float64(o.M1), float64(o.YMax), float64(o.MinBytes)} {
 		b.f64(v)
 	}
 	for _, v := range o.Allocated {
 		b.f64(float64(v))
 	}
-	for _, field := range []func(*Band) float64{
+	bandF64 := []func(*Band) float64{
 		func(x *Band) float64 { return float64(x.Seq) },
 		func(x *Band) float64 { return float64(x.Addr) },
 		func(x *Band) float64 { return float64(x.Size) },
 		func(x *Band) float64 { return float64(x.Requested) },
-	} {
+	}
+	for _, field := range bandF64 {
 		for i := range o.Bands {
 			b.f64(field(&o.Bands[i]))
 		}
@@ -192,6 +215,19 @@ func (o *Bands) AppendBinary(buf []byte) []byte {
 	for i := range o.Bands {
 		for r := 1; r < len(o.Bands[i].Runs); r += 2 {
 			b.f64(float64(o.Bands[i].Runs[r]))
+		}
+	}
+	for _, field := range []func(*Fold) float64{
+		func(x *Fold) float64 { return float64(x.Offset) },
+		func(x *Fold) float64 { return float64(x.Size) },
+	} {
+		for i := range o.Folds {
+			b.f64(field(&o.Folds[i]))
+		}
+	}
+	for _, field := range bandF64 {
+		for i := range o.Folds {
+			b.f64(field(&o.Folds[i].Rep))
 		}
 	}
 	for _, field := range []func(*Band) uint32{
@@ -214,5 +250,17 @@ func (o *Bands) AppendBinary(buf []byte) []byte {
 			b.u32(uint32(o.Bands[i].Runs[r]))
 		}
 	}
+	for _, field := range []func(*Fold) uint32{
+		func(x *Fold) uint32 { return uint32(x.C0) },
+		func(x *Fold) uint32 { return uint32(x.C1) },
+		func(x *Fold) uint32 { return x.Group },
+		func(x *Fold) uint32 { return uint32(x.Count) },
+		func(x *Fold) uint32 { return uint32(x.Rep.Stack) },
+	} {
+		for i := range o.Folds {
+			b.u32(field(&o.Folds[i]))
+		}
+	}
+	b.b = append(b.b, groups...)
 	return b.b
 }

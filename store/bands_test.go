@@ -15,22 +15,26 @@ import (
 type stacked struct {
 	seq             int64
 	addr, off, size uint64
+	stack           gpu.StackID
 }
 
 func (s stacked) key() bandKey { return keyOf(&liveEntry{seq: s.seq, addr: s.addr}) }
 
-// bruteStacks is the reference stack at each instant x of xs: the
-// allocations live after every event with TimeUS <= x, in stacking order.
-func bruteStacks(ref *reference, xs []int64) [][]stacked {
+// bruteStacks is the reference stack of each of w columns: the
+// allocations live right after the column's event after which the layout's
+// allocated bytes are greatest (the first of them), or, for a column
+// without events, after every event before it; in stacking order. colOf
+// gives an event's column, -1 before the window, w after it.
+func bruteStacks(ref *reference, w int, colOf func(e gpu.Event) int) [][]stacked {
 	l := ref.initial.Clone()
-	out := make([][]stacked, len(xs))
-	i := 0
-	take := func() {
+	out := make([][]stacked, w)
+	best := make([]uint64, w)
+	take := func() []stacked {
 		var st []stacked
 		for _, s := range l.Segments {
 			for _, b := range s.Blocks {
 				if b.State == gpu.BlockAllocated {
-					st = append(st, stacked{seq: b.Seq, addr: b.Addr, size: b.Size})
+					st = append(st, stacked{seq: b.Seq, addr: b.Addr, size: b.Size, stack: b.Stack})
 				}
 			}
 		}
@@ -45,19 +49,34 @@ func bruteStacks(ref *reference, xs []int64) [][]stacked {
 			st[k].off = off
 			off += st[k].size
 		}
-		out[i] = st
+		return st
 	}
+	next := 0 // the first column not reached by an event yet
 	for _, e := range ref.evs {
-		for i < len(xs) && e.TimeUS > xs[i] {
-			take()
-			i++
+		c := colOf(e)
+		if c >= w {
+			break
+		}
+		for ; next < c; next++ {
+			if out[next] == nil {
+				out[next] = take()
+			}
 		}
 		if err := l.Apply(e); err != nil {
 			panic(err)
 		}
+		if c < 0 {
+			continue
+		}
+		if a := l.Figures().Allocated; out[c] == nil || a > best[c] {
+			out[c], best[c] = take(), a
+		}
+		next = c
 	}
-	for ; i < len(xs); i++ {
-		take()
+	for ; next < w; next++ {
+		if out[next] == nil {
+			out[next] = take()
+		}
 	}
 	return out
 }
@@ -107,11 +126,15 @@ func testBandsAreTheExactStack(t *testing.T) {
 			t.Fatalf("%+v: sampled %q %d times, %d columns", q, b.Sampled, b.Samples, len(b.Allocated))
 		}
 		dt := float64(q.T1-q.T0) / float64(q.W)
-		xs := make([]int64, q.W)
-		for c := range xs {
-			xs[c] = int64(math.Floor(float64(q.T0) + float64(c)*dt))
-		}
-		want := bruteStacks(ref, xs)
+		want := bruteStacks(ref, q.W, func(e gpu.Event) int {
+			switch {
+			case e.TimeUS < q.T0:
+				return -1
+			case e.TimeUS > q.T1:
+				return q.W
+			}
+			return min(q.W-1, int(math.Floor(float64(e.TimeUS-q.T0)/dt)))
+		})
 		quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
 		byKey := map[bandKey]*Band{}
 		for i := range b.Bands {
@@ -156,9 +179,13 @@ func testBandsOfADenseWindowUseCheckpoints(t *testing.T) {
 	if testing.Short() {
 		t.Skip("writes 300k events")
 	}
+	defer func(n int64) { maxSweep = n }(maxSweep)
+	maxSweep = 250_000 // the test's window: past it, not the real threshold's
 	db, _ := openTemp(t)
-	evs := newGen(11, 400).events(maxSweep + 50_000)
-	w := writeTrace(t, db, nil, evs, 0)
+	g := newGen(11, 400)
+	g.stacks = 4 // folds read their stacks' labels between checkpoints
+	evs := g.events(int(maxSweep) + 50_000)
+	w := writeTrace(t, db, nil, evs, 4)
 	if err := w.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}

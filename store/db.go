@@ -40,6 +40,9 @@ type DB struct {
 	jobs  chan job
 	done  chan struct{}
 	watch watchers
+	// pools keeps PoolSegments' answers (poolsKey → []PoolSegment),
+	// labels the stacks' labels the bands read (labelKey → string).
+	pools, labels sync.Map
 
 	closeOnce sync.Once
 }

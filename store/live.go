@@ -127,6 +127,17 @@ func (r *reader) liveBlocks(l *gpu.Layout, last, us int64) *LiveSet {
 // reads more through rd (Describe the blocks it does not know yet), not
 // through db: the read holds one of db's connections.
 func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) error) error {
+	return db.liveAtEach(id, ts, false, fn)
+}
+
+// LiveAfterEach is LiveAtEach at instants named by events: right after
+// each event of seqs (which must not decrease; -1: before the first).
+func (db *DB) LiveAfterEach(id string, seqs []int64, fn func(ls *LiveSet, rd Read) error) error {
+	return db.liveAtEach(id, seqs, true, fn)
+}
+
+// liveAtEach is LiveAtEach at times ts, or with bySeq right after events ts.
+func (db *DB) liveAtEach(id string, ts []int64, bySeq bool, fn func(ls *LiveSet, rd Read) error) error {
 	if len(ts) == 0 {
 		return nil
 	}
@@ -141,8 +152,15 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 	}
 	var l *gpu.Layout
 	var last, lastUS int64
-	jump := func(t int64) error { // to the layout at t, from its checkpoint
+	seqOf := func(t int64) (int64, error) { // the last event of instant t
+		if bySeq {
+			return t, nil
+		}
 		seq, _, _, err := r.stateAt(t, true)
+		return seq, err
+	}
+	jump := func(t int64) error { // to the layout at t, from its checkpoint
+		seq, err := seqOf(t)
 		if err == nil {
 			l, last, lastUS, err = r.layoutTimed(seq)
 		}
@@ -165,7 +183,7 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 		var stop error
 		paused := false
 		err := r.events(last+1, r.trace.LastSeq+1, func(e *gpu.Event) bool {
-			for i < len(ts) && e.TimeUS > ts[i] && stop == nil {
+			for i < len(ts) && (!bySeq && e.TimeUS > ts[i] || bySeq && e.Seq > ts[i]) && stop == nil {
 				stop = emit()
 			}
 			if i == len(ts) || stop != nil {
@@ -192,7 +210,7 @@ func (db *DB) LiveAtEach(id string, ts []int64, fn func(ls *LiveSet, rd Read) er
 			break // the trace's end
 		}
 		passed = last + 1
-		seq, _, _, err := r.stateAt(ts[i], true)
+		seq, err := seqOf(ts[i])
 		if err != nil {
 			return err
 		}

@@ -371,6 +371,12 @@ func (r *reader) events(from, to int64, fn func(e *gpu.Event) bool) error {
 // eventsWithEnds is events, also telling fn whether a free_completed ends
 // its allocation (see extEnds).
 func (r *reader) eventsWithEnds(from, to int64, fn func(e *gpu.Event, ends bool) bool) error {
+	return r.eventsTotals(from, to, func(e *gpu.Event, ends bool, _ gpu.Totals) bool { return fn(e, ends) })
+}
+
+// eventsTotals is eventsWithEnds, also giving fn the totals right after
+// each event.
+func (r *reader) eventsTotals(from, to int64, fn func(e *gpu.Event, ends bool, t gpu.Totals) bool) error {
 	start := from
 	var first sql.NullInt64
 	if err := r.tx.QueryRow("SELECT max(first_seq) FROM chunks WHERE tid = ? AND first_seq <= ?", r.tid, from).Scan(&first); err != nil {
@@ -389,13 +395,13 @@ func (r *reader) eventsWithEnds(from, to int64, fn func(e *gpu.Event, ends bool)
 		}
 		for _, c := range page {
 			more := true
-			err = c.walk(func(e *gpu.Event, ends bool, _ gpu.Totals, _ allocCounts) bool {
+			err = c.walk(func(e *gpu.Event, ends bool, t gpu.Totals, _ allocCounts) bool {
 				if e.Seq >= to {
 					more = false
 					return false
 				}
 				if e.Seq >= from {
-					more = fn(e, ends)
+					more = fn(e, ends, t)
 				}
 				return more
 			})

@@ -392,6 +392,62 @@ func (db *DB) PrivatePoolSegments(id string) ([]gpu.SnapshotSegment, error) {
 	return db.snapshotSegments(id, " AND (pool_owner <> 0 OR pool_id <> 0)")
 }
 
+// PoolSegment is a segment a snapshot dumped in a private pool (a CUDA
+// graph's, a MemPool's) and the event that began its life: the last
+// segment_alloc or segment_map at its address, -1 when that was before
+// the trace. Before that event a segment at its address was another one,
+// of whatever pool then had it: a pool is a property of a segment's
+// lifetime, not of its address.
+type PoolSegment struct {
+	Addr, Size uint64
+	Pool       [2]int64
+	Since      int64
+}
+
+// PoolSegments returns the segments a snapshot dumped in private pools,
+// each with the event that began its life. Finding those reads the trace's
+// events once; the answer is kept while the trace does not change.
+func (db *DB) PoolSegments(id string) ([]PoolSegment, error) {
+	segs, err := db.PrivatePoolSegments(id)
+	if err != nil || len(segs) == 0 {
+		return nil, err
+	}
+	r, err := db.begin(id)
+	if err != nil {
+		return nil, err
+	}
+	defer r.close()
+	key := poolsKey{id, r.trace.LastSeq, r.trace.Events}
+	if v, ok := db.pools.Load(key); ok {
+		return v.([]PoolSegment), nil
+	}
+	out := make([]PoolSegment, len(segs))
+	at := map[uint64]int{}
+	for i, s := range segs {
+		out[i] = PoolSegment{s.Segment.Addr, s.Segment.Size, s.PoolID, -1}
+		at[s.Segment.Addr] = i
+	}
+	err = r.events(0, r.trace.LastSeq+1, func(e *gpu.Event) bool {
+		if e.Action == gpu.ActionSegmentAlloc || e.Action == gpu.ActionSegmentMap {
+			if i, ok := at[e.Addr]; ok {
+				out[i].Since = e.Seq
+			}
+		}
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	db.pools.Store(key, out)
+	return out, nil
+}
+
+// poolsKey names a trace as it was when its pools' segments were found.
+type poolsKey struct {
+	id             string
+	lastSeq, count int64
+}
+
 // snapshotSegments reads a snapshot's segments that the condition where
 // (appended to the query) selects.
 func (db *DB) snapshotSegments(id, where string) ([]gpu.SnapshotSegment, error) {

@@ -9,15 +9,18 @@ package web
 import "github.com/a-h/templ"
 import templruntime "github.com/a-h/templ/runtime"
 
-import "vramscope/gpu"
+import (
+	"vramscope/attrib"
+	"vramscope/gpu"
+)
 
 // TraceView is one trace: the timeline, the segment map, the event list
 // and the details, drawn by view.js from the JSON API. The view itself
 // (window, memory range, cursor, selection, search) lives in the URL's
-// query string. stepsUS is where the window opens when the URL names none
-// (the steps, when model loading comes long before them), or -1 for the
-// whole trace.
-func TraceView(p Page, t gpu.Trace, stepsUS int64) templ.Component {
+// query string. open is where the window opens when the URL names none
+// (the steady steps, or where the events are) and what that leaves out.
+// A trace of events with times, not live, offers an event axis.
+func TraceView(p Page, t gpu.Trace, open attrib.Opening) templ.Component {
 	return templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 		templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 		if templ_7745c5c3_CtxErr := ctx.Err(); templ_7745c5c3_CtxErr != nil {
@@ -53,156 +56,208 @@ func TraceView(p Page, t gpu.Trace, stepsUS int64) templ.Component {
 			var templ_7745c5c3_Var3 string
 			templ_7745c5c3_Var3, templ_7745c5c3_Err = templruntime.NewAttributeExpression(t.ID).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 45}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 45}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var3)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "\" data-steps-us=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 2, "\" data-open-t0=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var4 string
-			templ_7745c5c3_Var4, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(stepsUS)).Resolve(ctx)
+			templ_7745c5c3_Var4, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(open.T0)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 76}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 75}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var4)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "\" data-first-us=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 3, "\" data-open-t1=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var5 string
-			templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.FirstUS)).Resolve(ctx)
+			templ_7745c5c3_Var5, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(open.T1)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 109}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 105}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var5)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\" data-last-us=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 4, "\" data-open-e0=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var6 string
-			templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.LastUS)).Resolve(ctx)
+			templ_7745c5c3_Var6, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(open.E0)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 140}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 135}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var6)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "\" data-first-seq=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 5, "\" data-open-e1=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var7 string
-			templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.FirstSeq)).Resolve(ctx)
+			templ_7745c5c3_Var7, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(open.E1)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 175}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 165}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var7)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\" data-last-seq=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 6, "\" data-event-axis=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var8 string
-			templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.LastSeq)).Resolve(ctx)
+			templ_7745c5c3_Var8, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolAttr(t.Events > 0 && !t.NoTime && t.Status != gpu.StatusLive)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 208}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 251}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var8)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "\" data-peak-seq=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 7, "\" data-first-us=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var9 string
-			templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.PeakSeq)).Resolve(ctx)
+			templ_7745c5c3_Var9, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.FirstUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 241}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 284}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var9)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "\" data-peak-us=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 8, "\" data-last-us=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var10 string
-			templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.PeakUS)).Resolve(ctx)
+			templ_7745c5c3_Var10, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.LastUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 272}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 315}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var10)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" data-no-time=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 9, "\" data-first-seq=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var11 string
-			templ_7745c5c3_Var11, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolAttr(t.NoTime)).Resolve(ctx)
+			templ_7745c5c3_Var11, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.FirstSeq)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 308}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 350}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var11)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "\" data-capacity=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 10, "\" data-last-seq=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var12 string
-			templ_7745c5c3_Var12, templ_7745c5c3_Err = templruntime.NewAttributeExpression(u64(t.Capacity)).Resolve(ctx)
+			templ_7745c5c3_Var12, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.LastSeq)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 342}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 383}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var12)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "\" data-device=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 11, "\" data-peak-seq=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var13 string
-			templ_7745c5c3_Var13, templ_7745c5c3_Err = templruntime.NewAttributeExpression(itoa(t.DeviceOrdinal)).Resolve(ctx)
+			templ_7745c5c3_Var13, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.PeakSeq)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 380}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 416}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var13)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "\" data-status=\"")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 12, "\" data-peak-us=\"")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			var templ_7745c5c3_Var14 string
-			templ_7745c5c3_Var14, templ_7745c5c3_Err = templruntime.NewAttributeExpression(string(t.Status)).Resolve(ctx)
+			templ_7745c5c3_Var14, templ_7745c5c3_Err = templruntime.NewAttributeExpression(i64(t.PeakUS)).Resolve(ctx)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 13, Col: 413}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 447}
 			}
 			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var14)
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 13, "\" data-no-time=\"")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var15 string
+			templ_7745c5c3_Var15, templ_7745c5c3_Err = templruntime.NewAttributeExpression(boolAttr(t.NoTime)).Resolve(ctx)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 483}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var15)
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "\" data-capacity=\"")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var16 string
+			templ_7745c5c3_Var16, templ_7745c5c3_Err = templruntime.NewAttributeExpression(u64(t.Capacity)).Resolve(ctx)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 517}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var16)
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "\" data-device=\"")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var17 string
+			templ_7745c5c3_Var17, templ_7745c5c3_Err = templruntime.NewAttributeExpression(itoa(t.DeviceOrdinal)).Resolve(ctx)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 555}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var17)
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "\" data-status=\"")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var18 string
+			templ_7745c5c3_Var18, templ_7745c5c3_Err = templruntime.NewAttributeExpression(string(t.Status)).Resolve(ctx)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 16, Col: 588}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ_7745c5c3_Var18)
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 17, "\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -212,7 +267,20 @@ func TraceView(p Page, t gpu.Trace, stepsUS int64) templ.Component {
 					return templ_7745c5c3_Err
 				}
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 14, "<div class=\"viewbar\"><nav id=\"devices\" class=\"devices\" aria-label=\"Devices of this upload\" hidden></nav><form id=\"search-form\" class=\"search\" role=\"search\"><input id=\"search-q\" type=\"search\" placeholder=\"Search frames, files or an address (/)\" aria-label=\"Search the stacks\"> <button type=\"submit\" class=\"btn\">Search</button></form><span class=\"spacer\"></span> <button type=\"button\" class=\"btn\" id=\"go-peak\" title=\"Put the cursor right after the event at the peak of allocated memory\">Go to peak</button> <button type=\"button\" class=\"btn\" id=\"go-oom\" hidden title=\"Put the cursor right after the out-of-memory event\">Go to OOM</button> <label class=\"check\"><input type=\"checkbox\" id=\"all-frames\"> all frames</label> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button></div><section class=\"panel timeline-panel\" aria-label=\"Timeline\"><div class=\"panel-head\"><h2>Timeline</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key small\">allocations too small to draw here</span></span> <span class=\"legend cat-legend\" id=\"cat-legend\" hidden></span> <span class=\"legend phase-legend\" id=\"phase-legend\" title=\"The strip at the top of the plot: the annotated phases of each step\" hidden></span> <span class=\"spacer\"></span> <label class=\"dim\">Bands <select id=\"band-mode\" aria-label=\"How the timeline colours its bands\"><option value=\"alloc\">by allocation</option> <option value=\"category\">by category</option> <option value=\"area\">as stacked areas by category</option></select></label> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"fit-memory\" title=\"Show memory from 0 to the window's peak\">Fit memory axis</button> <button type=\"button\" class=\"btn\" id=\"reset\">Reset zoom (0)</button></div><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it; press ? for every key\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><section class=\"panel live-panel\" id=\"live-panel\" aria-label=\"Live memory at the cursor\"><div class=\"panel-head\"><h2>Live at the cursor</h2><span id=\"live-label\" class=\"dim\"></span> <span class=\"spacer\"></span> <span class=\"jumps\" id=\"live-jumps\"><button type=\"button\" class=\"btn\" id=\"live-peak\" title=\"The live memory at the peak of allocated memory\">Peak</button></span> <label class=\"dim\">Group by <select id=\"live-group\" aria-label=\"Group the live memory by\"><option value=\"frame\">first user frame</option> <option value=\"stack\">stack</option> <option value=\"category\">category</option></select></label> <a class=\"btn\" id=\"live-pprof\" download title=\"The live allocations at the cursor as a pprof profile (go tool pprof, and every pprof UI, read it)\">pprof</a></div><div class=\"cats\" id=\"live-cats\" aria-label=\"Live bytes by category\"></div><div class=\"live-body\"><div class=\"canvas-wrap flame-wrap\" id=\"flame-wrap\"><canvas id=\"flame\" tabindex=\"0\" aria-label=\"Flame graph of the live memory at the cursor: click a frame to zoom to it and highlight its allocations, click the top to zoom out, wheel to zoom\"></canvas><div class=\"tip\" id=\"flame-tip\" hidden></div></div><div class=\"live-table-wrap\"><table class=\"data live-table\" id=\"live-table\"></table></div></div><p class=\"live-note dim\" id=\"live-note\" hidden></p></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map\"><div class=\"panel-head\"><h2>Segment map</h2><span class=\"legend\"><span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map at the cursor: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel events-panel\" aria-label=\"Events\"><div class=\"panel-head\"><h2>Events</h2><span class=\"dim\">↑/↓ step the cursor</span></div><div class=\"vlist\" id=\"events\" tabindex=\"0\"></div></section><section class=\"panel details\" aria-label=\"Details\"><div class=\"tabs\" role=\"tablist\"><button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-selection\" data-panel=\"selection\">Selection</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-cursor\" data-panel=\"cursor\">At cursor</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-summary\" data-panel=\"summary\">memory_summary()</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-search\" data-panel=\"search\">Search</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-snapshot\" data-panel=\"snapshot\">Snapshot</button></div><div class=\"tabpanel\" id=\"panel-selection\" role=\"tabpanel\"><p class=\"dim\">Click an allocation on the timeline or a block on the map.</p></div><div class=\"tabpanel\" id=\"panel-cursor\" role=\"tabpanel\" hidden></div><div class=\"tabpanel\" id=\"panel-summary\" role=\"tabpanel\" hidden><pre id=\"summary-text\"></pre></div><div class=\"tabpanel\" id=\"panel-search\" role=\"tabpanel\" hidden><p class=\"dim\">Search the stacks for a function or file name, or an address.</p></div><div class=\"tabpanel\" id=\"panel-snapshot\" role=\"tabpanel\" hidden></div></section></div><section class=\"panel\" id=\"needed-panel\" aria-label=\"Memory needed\" hidden><h3>Memory needed: the whole trace replayed under other allocator settings</h3><div id=\"needed\"></div></section></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 18, "<div class=\"viewbar\"><nav id=\"devices\" class=\"devices\" aria-label=\"Devices of this upload\" hidden></nav><form id=\"search-form\" class=\"search\" role=\"search\"><input id=\"search-q\" type=\"search\" placeholder=\"Search frames, files or an address (/)\" aria-label=\"Search the stacks\"> <button type=\"submit\" class=\"btn\">Search</button></form><span class=\"spacer\"></span> <button type=\"button\" class=\"btn\" id=\"go-peak\" title=\"Put the cursor right after the event at the peak of allocated memory\">Go to peak</button> <button type=\"button\" class=\"btn\" id=\"go-oom\" hidden title=\"Put the cursor right after the out-of-memory event\">Go to OOM</button> <label class=\"check\"><input type=\"checkbox\" id=\"all-frames\"> all frames</label> <button type=\"button\" class=\"btn\" id=\"keys\" title=\"Every key and gesture\">Keys (?)</button></div><section class=\"panel timeline-panel\" aria-label=\"Timeline\"><div class=\"panel-head\"><h2>Timeline</h2><span class=\"legend\"><span class=\"key reserved\">reserved</span> <span class=\"key allocated\">allocated</span> <span class=\"key active\">active</span> <span class=\"key small\" title=\"Allocations too small to draw one by one are folded into bands of their first user frame, in its colour; grey is only what no sample could tell apart\">not told apart at this zoom</span></span> <span class=\"legend cat-legend\" id=\"cat-legend\" hidden></span> <span class=\"legend phase-legend\" id=\"phase-legend\" title=\"The strip at the top of the plot: the annotated phases of each step\" hidden></span> <span class=\"spacer\"></span> <label class=\"dim\" id=\"axis-label\">Axis <select id=\"axis\" aria-label=\"The timeline's axis: time, or events (every event the same width)\"><option value=\"time\">time</option> <option value=\"event\">events</option></select></label> <label class=\"dim\">Bands <select id=\"band-mode\" aria-label=\"How the timeline colours its bands\"><option value=\"alloc\">by allocation</option> <option value=\"category\">by category</option> <option value=\"area\">as stacked areas by category</option></select></label> <span id=\"window-label\" class=\"dim\"></span> <button type=\"button\" class=\"btn\" id=\"fit-memory\" title=\"Show memory from 0 to the window's peak\">Fit memory axis</button> <button type=\"button\" class=\"btn\" id=\"reset\">Reset zoom (0)</button></div><p class=\"open-note dim\" id=\"open-note\" hidden>")
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			var templ_7745c5c3_Var19 string
+			templ_7745c5c3_Var19, templ_7745c5c3_Err = templ.JoinStringErrs(open.Note)
+			if templ_7745c5c3_Err != nil {
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 57, Col: 62}
+			}
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var19))
+			if templ_7745c5c3_Err != nil {
+				return templ_7745c5c3_Err
+			}
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 19, " <button type=\"button\" class=\"link\" id=\"open-whole\">Show the whole trace (0)</button></p><div class=\"canvas-wrap\" id=\"timeline-wrap\"><canvas id=\"timeline\" tabindex=\"0\" aria-label=\"Memory timeline: wheel to zoom time, ctrl-wheel to zoom memory, drag to pan, shift-drag a rectangle to zoom to it; press ? for every key\"></canvas><div class=\"tip\" id=\"timeline-tip\" hidden></div></div></section><section class=\"panel live-panel\" id=\"live-panel\" aria-label=\"Live memory at the cursor\"><div class=\"panel-head\"><h2>Live at the cursor</h2><span id=\"live-label\" class=\"dim\"></span> <span class=\"spacer\"></span> <span class=\"jumps\" id=\"live-jumps\"><button type=\"button\" class=\"btn\" id=\"live-peak\" title=\"The live memory at the peak of allocated memory\">Peak</button></span> <label class=\"dim\">Group by <select id=\"live-group\" aria-label=\"Group the live memory by\"><option value=\"frame\">first user frame</option> <option value=\"stack\">stack</option> <option value=\"category\">category</option></select></label> <a class=\"btn\" id=\"live-pprof\" download title=\"The live allocations at the cursor as a pprof profile (go tool pprof, and every pprof UI, read it)\">pprof</a></div><div class=\"cats\" id=\"live-cats\" aria-label=\"Live bytes by category\"></div><div class=\"live-body\"><div class=\"canvas-wrap flame-wrap\" id=\"flame-wrap\"><canvas id=\"flame\" tabindex=\"0\" aria-label=\"Flame graph of the live memory at the cursor: click a frame to zoom to it and highlight its allocations, click the top to zoom out, wheel to zoom\"></canvas><div class=\"tip\" id=\"flame-tip\" hidden></div></div><div class=\"live-table-wrap\"><table class=\"data live-table\" id=\"live-table\"></table></div></div><p class=\"live-note dim\" id=\"live-note\" hidden></p></section><div class=\"lower\"><section class=\"panel segmap-panel\" aria-label=\"Segment map\"><div class=\"panel-head\"><h2>Segment map</h2><span class=\"legend\"><span class=\"key allocated\">allocated</span> <span class=\"key pending\">pending free</span> <span class=\"key free\">cached free</span> <span class=\"key largest\">largest free</span></span> <span class=\"spacer\"></span> <span id=\"cursor-label\" class=\"dim\"></span></div><div class=\"canvas-wrap\" id=\"segmap-wrap\"><canvas id=\"segmap\" tabindex=\"0\" aria-label=\"Segment map at the cursor: wheel to zoom into an address range, drag to pan, 0 to reset\"></canvas><div class=\"tip\" id=\"segmap-tip\" hidden></div></div></section><section class=\"panel events-panel\" aria-label=\"Events\"><div class=\"panel-head\"><h2>Events</h2><span class=\"dim\">↑/↓ step the cursor</span></div><div class=\"vlist\" id=\"events\" tabindex=\"0\"></div></section><section class=\"panel details\" aria-label=\"Details\"><div class=\"tabs\" role=\"tablist\"><button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-selection\" data-panel=\"selection\">Selection</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-cursor\" data-panel=\"cursor\">At cursor</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-summary\" data-panel=\"summary\">memory_summary()</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-search\" data-panel=\"search\">Search</button> <button type=\"button\" role=\"tab\" class=\"tab\" id=\"tab-snapshot\" data-panel=\"snapshot\">Snapshot</button></div><div class=\"tabpanel\" id=\"panel-selection\" role=\"tabpanel\"><p class=\"dim\">Click an allocation on the timeline or a block on the map.</p></div><div class=\"tabpanel\" id=\"panel-cursor\" role=\"tabpanel\" hidden></div><div class=\"tabpanel\" id=\"panel-summary\" role=\"tabpanel\" hidden><pre id=\"summary-text\"></pre></div><div class=\"tabpanel\" id=\"panel-search\" role=\"tabpanel\" hidden><p class=\"dim\">Search the stacks for a function or file name, or an address.</p></div><div class=\"tabpanel\" id=\"panel-snapshot\" role=\"tabpanel\" hidden></div></section></div><section class=\"panel\" id=\"needed-panel\" aria-label=\"Memory needed\" hidden><h3>Memory needed: the whole trace replayed under other allocator settings</h3><div id=\"needed\"></div></section></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
@@ -244,7 +312,7 @@ func NotFound(p Page, msg string) templ.Component {
 		}
 		ctx = templ.InitializeContext(ctx)
 		ctx = templ.ClearChildren(ctx)
-		templ_7745c5c3_Var16 := templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
+		templ_7745c5c3_Var21 := templruntime.GeneratedTemplate(func(templ_7745c5c3_Input templruntime.GeneratedComponentInput) (templ_7745c5c3_Err error) {
 			templ_7745c5c3_W, ctx := templ_7745c5c3_Input.Writer, templ_7745c5c3_Input.Context
 			templ_7745c5c3_Buffer, templ_7745c5c3_IsBuffer := templruntime.GetBuffer(templ_7745c5c3_W)
 			if !templ_7745c5c3_IsBuffer {
@@ -256,26 +324,26 @@ func NotFound(p Page, msg string) templ.Component {
 				}()
 			}
 			ctx = templ.InitializeContext(ctx)
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 15, "<main class=\"list\"><p class=\"error\">")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 20, "<main class=\"list\"><p class=\"error\">")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			var templ_7745c5c3_Var17 string
-			templ_7745c5c3_Var17, templ_7745c5c3_Err = templ.JoinStringErrs(msg)
+			var templ_7745c5c3_Var22 string
+			templ_7745c5c3_Var22, templ_7745c5c3_Err = templ.JoinStringErrs(msg)
 			if templ_7745c5c3_Err != nil {
-				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 132, Col: 25}
+				return templ.Error{Err: templ_7745c5c3_Err, FileName: `web/view.templ`, Line: 140, Col: 25}
 			}
-			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var17))
+			_, templ_7745c5c3_Err = templ_7745c5c3_Buffer.WriteString(templ.EscapeString(templ_7745c5c3_Var22))
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
-			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 16, "</p><p><a href=\"/\">All traces</a></p></main>")
+			templ_7745c5c3_Err = templruntime.WriteString(templ_7745c5c3_Buffer, 21, "</p><p><a href=\"/\">All traces</a></p></main>")
 			if templ_7745c5c3_Err != nil {
 				return templ_7745c5c3_Err
 			}
 			return nil
 		})
-		templ_7745c5c3_Err = layout(p, "list.js").Render(templ.WithChildren(ctx, templ_7745c5c3_Var16), templ_7745c5c3_Buffer)
+		templ_7745c5c3_Err = layout(p, "list.js").Render(templ.WithChildren(ctx, templ_7745c5c3_Var21), templ_7745c5c3_Buffer)
 		if templ_7745c5c3_Err != nil {
 			return templ_7745c5c3_Err
 		}

@@ -16,19 +16,7 @@ import (
 func Bytes(n uint64) string { return gpu.FormatBytes(n) }
 
 // Duration renders microseconds as the largest fitting unit.
-func Duration(us int64) string {
-	switch {
-	case us < 0:
-		return "–"
-	case us < 1000:
-		return fmt.Sprintf("%d µs", us)
-	case us < 1_000_000:
-		return fmt.Sprintf("%.1f ms", float64(us)/1e3)
-	case us < 600_000_000:
-		return fmt.Sprintf("%.2f s", float64(us)/1e6)
-	}
-	return fmt.Sprintf("%.1f min", float64(us)/6e7)
-}
+func Duration(us int64) string { return gpu.FormatDuration(us) }
 
 // TraceDuration is how long a trace ran. A snapshot without time_us
 // counts events instead (its times are event indexes), and one of no

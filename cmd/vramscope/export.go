@@ -177,6 +177,9 @@ func openStored(path string) (*store.DB, error) {
 		return store.Open(path)
 	}
 	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		if path == defaultDB() {
+			return nil, usagef("no database at %s yet: vramscope (the server) or vramscope import makes it; or give --db the database that holds the trace", path)
+		}
 		return nil, usagef("no database at %s: give --db the database that holds the trace", path)
 	}
 	return store.Open(path)

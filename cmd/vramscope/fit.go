@@ -29,7 +29,7 @@ func runFit(args []string, stdout, stderr io.Writer) error {
 	step := fs.Int("step", 1, "the largest value is looked for among multiples of this (128 for sequence lengths, say)")
 	whatif := fs.Bool("whatif", false, "also the memory needed and the largest value under each what-if setting (expandable segments, ...)")
 	asJSON := fs.Bool("json", false, "print the fit and the predictions as JSON")
-	dbPath := fs.String("db", defaultDB, "SQLite database holding the TRACEs")
+	dbPath := dbFlag(fs, "holding the TRACEs")
 	device := fs.Int("device", -1, deviceHelp)
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope fit A B [C] --batch 4,8[,16] [--at 16,32,64] [--capacity 80GiB] [--whatif] [--json]")

@@ -16,7 +16,6 @@ import (
 	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/pytorch"
-	"vramscope/store"
 )
 
 func init() {
@@ -105,7 +104,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if !*dryRun && len(chosen) > 0 {
-		db, err := store.Open(*dbPath)
+		db, err := openDB(*dbPath)
 		if err != nil {
 			return err
 		}
@@ -178,7 +177,7 @@ func importRun(name string, args []string, rankList string, join bool, dbPath, a
 		}
 		src = ingest.WithRanks(src, ranks)
 	}
-	db, err := store.Open(dbPath)
+	db, err := openDB(dbPath)
 	if err != nil {
 		return err
 	}

@@ -78,7 +78,7 @@ func runServe(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("--addr %s: %w", *addr, err)
 	}
 	defer ln.Close()
-	db, err := store.Open(*dbPath)
+	db, err := openDB(*dbPath)
 	if err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
@@ -27,20 +28,48 @@ func init() {
 	register("trace", "run a workload through the caching allocator and record every event", runTrace)
 }
 
-const defaultDB = "vramscope.db"
+// defaultDB is the database of every command when neither --db nor
+// $VRAMSCOPE_DB names one: one file per user, wherever the command runs, so
+// that `vramscope import` in any folder stores into the database that
+// `vramscope` serves. It follows the XDG base directories:
+// $XDG_DATA_HOME/vramscope/vramscope.db, else
+// ~/.local/share/vramscope/vramscope.db; vramscope.db in the current
+// folder when there is no home.
+func defaultDB() string {
+	data := os.Getenv("XDG_DATA_HOME")
+	if !filepath.IsAbs(data) { // the spec says to ignore a relative one
+		home, err := os.UserHomeDir()
+		if err != nil || home == "" {
+			return "vramscope.db"
+		}
+		data = filepath.Join(home, ".local", "share")
+	}
+	return filepath.Join(data, "vramscope", "vramscope.db")
+}
 
 // dbFlag defines --db: a SQLite file, or a PostgreSQL database that a
-// team's servers share; $VRAMSCOPE_DB is its default. what says what the
-// database holds for this command, if anything particular.
+// team's servers share; $VRAMSCOPE_DB is its default, else defaultDB. what
+// says what the database holds for this command, if anything particular.
 func dbFlag(fs *flag.FlagSet, what string) *string {
 	def := os.Getenv("VRAMSCOPE_DB")
 	if def == "" {
-		def = defaultDB
+		def = defaultDB()
 	}
 	if what != "" {
 		what = " " + what
 	}
-	return fs.String("db", def, "database"+what+": a SQLite file, or a PostgreSQL address postgres://USER@HOST/DBNAME that a team's servers share (default $VRAMSCOPE_DB, else "+defaultDB+")")
+	return fs.String("db", def, "database"+what+": a SQLite file, or a PostgreSQL address postgres://USER@HOST/DBNAME that a team's servers share (default $VRAMSCOPE_DB, else $XDG_DATA_HOME/vramscope/vramscope.db, or ~/.local/share/vramscope/vramscope.db)")
+}
+
+// openDB opens (making it if missing) the database at path; the per-user
+// default's folder is made too.
+func openDB(path string) (*store.DB, error) {
+	if path == defaultDB() {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			return nil, fmt.Errorf("the database's folder: %w", err)
+		}
+	}
+	return store.Open(path)
 }
 
 // incidentPermalink stores a permalink to incident n's page.
@@ -178,7 +207,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if *name, err = checkName(*name); err != nil {
 		return usagef("--name: %v", err)
 	}
-	db, err := store.Open(*dbPath)
+	db, err := openDB(*dbPath)
 	if err != nil {
 		return err
 	}

@@ -50,6 +50,44 @@ func SnapshotOf(tb testing.TB, set, name string) string {
 	return ""
 }
 
+// Recordings lists every real recording of shared/testdata/set: the
+// snapshot files, without the notes, scripts and the figures a run
+// measured (pytorch-2.11's X.json beside X.pickle, X_oom.pickle or
+// X.pickle.gz). Missing data skips as SnapshotOf does, or fails in CI.
+func Recordings(tb testing.TB, set string) []string {
+	tb.Helper()
+	dir := filepath.Dir(SnapshotOf(tb, set, "PROVENANCE.md"))
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	stems := map[string]bool{}
+	for _, e := range entries {
+		name := e.Name()
+		if !strings.HasSuffix(name, ".json") && !strings.HasSuffix(name, ".md") && !strings.HasSuffix(name, ".py") {
+			stem, _, _ := strings.Cut(name, ".")
+			stems[stem] = true
+			if i := strings.LastIndexByte(stem, '_'); i > 0 {
+				stems[stem[:i]] = true
+			}
+		}
+	}
+	var out []string
+	for _, e := range entries {
+		name := e.Name()
+		switch {
+		case e.IsDir(), strings.HasSuffix(name, ".md"), strings.HasSuffix(name, ".py"):
+		case strings.HasSuffix(name, ".json") && stems[strings.TrimSuffix(name, ".json")]:
+		default:
+			out = append(out, filepath.Join(dir, name))
+		}
+	}
+	if len(out) == 0 {
+		tb.Fatalf("no recordings in %s", dir)
+	}
+	return out
+}
+
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 
