@@ -96,7 +96,7 @@ func TestFirstUserFrameOfRealStacks(t *testing.T) {
 // autograd node and operator, never by a helper that only made the
 // output (create_out, empty, _to_copy, zeros).
 func TestOperatorNamesOfBackwardStacks(t *testing.T) {
-	ts, err := pytorch.DecodeFile(testkit.Snapshot(t, "../pytorch-2.11/train_stacks_all.pickle"))
+	ts, err := pytorch.DecodeFile(testkit.SnapshotOf(t, "pytorch-2.11", "train_stacks_all.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -368,7 +368,7 @@ func TestBatchInName(t *testing.T) {
 func TestRealRunsPairUp(t *testing.T) {
 	var recs []Recording
 	for i, name := range []string{"train_default.pickle", "train_expandable.pickle"} {
-		traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "../pytorch-2.11/"+name))
+		traces, err := pytorch.DecodeFile(testkit.SnapshotOf(t, "pytorch-2.11", name))
 		if err != nil {
 			t.Fatal(err)
 		}

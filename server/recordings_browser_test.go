@@ -20,7 +20,7 @@ import (
 // (shared/testdata/pytorch-2.11).
 func recording(t *testing.T, db *store.DB, name string) gpu.Trace {
 	t.Helper()
-	return importSnapshot(t, db, "../pytorch-2.11/"+name)[0]
+	return importSnapshotOf(t, db, "pytorch-2.11", name)[0]
 }
 
 // The 300-step run recorded with PyTorch's default stacks="python": at its
@@ -245,7 +245,7 @@ func c100(t *testing.T, ctx context.Context) [2]int64 {
 func TestBrowserRunKeys(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
-	files := []string{testkit.Snapshot(t, "../pytorch-2.11/ddp_rank0.pickle"), testkit.Snapshot(t, "../pytorch-2.11/train_default.pickle")}
+	files := []string{testkit.SnapshotOf(t, "pytorch-2.11", "ddp_rank0.pickle"), testkit.SnapshotOf(t, "pytorch-2.11", "train_default.pickle")}
 	runID, _, err := ingest.Run(context.Background(), db, "two ranks", ingest.WithRanks(ingest.Files(files), []int{0, 1}), pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)
