@@ -301,7 +301,7 @@ func TestSuiteWithoutTestdata(t *testing.T) {
 				// allowedSkips (a child process's guard, an opt-in).
 				t.Logf("%s skipped: %s", key, lastLine(outputs[key].String()))
 			default:
-				t.Errorf("%s: %s without the real snapshots, and names none missing:\n%s", key, got, lastLines(outputs[key].String(), 12))
+				t.Errorf("%s: %s without the real snapshots; want a failure naming what is missing:\n%s", key, got, lastLines(outputs[key].String(), 12))
 			}
 		}
 	}
