@@ -1,20 +1,21 @@
 package main
 
 import (
-	"os"
-	"time"
-
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
+	"vramscope/incident"
 	"vramscope/internal/testkit"
+	"vramscope/replay"
 	"vramscope/server"
 	"vramscope/store"
 	"vramscope/tracer"
@@ -45,8 +46,9 @@ func compareDB(t *testing.T) (path, with, without string) {
 
 // compare --json prints what GET /api/compare answers, field for field,
 // each finding the memory the traces need on its own (two copies of the
-// database, no what-if stored in either); the table's first row at A's
-// peak is the attention probabilities that checkpointing drops.
+// database, no what-if stored in either), as the what-if replays called
+// directly find it; the table's first row at A's peak is the attention
+// probabilities that checkpointing drops.
 func TestCompareJSONIsTheAPIs(t *testing.T) {
 	path, with, without := compareDB(t)
 	apiPath := filepath.Join(t.TempDir(), "api.db")
@@ -88,13 +90,24 @@ func TestCompareJSONIsTheAPIs(t *testing.T) {
 			t.Fatalf("the API's what-ifs did not end: %v, %v", api["a"], api["b"])
 		}
 	}
-	// The CLI answers once each trace's recorded settings are replayed,
-	// the API here once every variant is: their sentences may differ,
-	// not the bytes.
-	for _, side := range []string{"a", "b"} {
+	// Each answers once its replays under the recorded settings are done
+	// (the other settings' may still run): their sentences may differ,
+	// not the bytes, which are what the what-if replays of the trace find
+	// when called directly, outside the jobs that store them.
+	for i, side := range []string{"a", "b"} {
+		rec, err := db.Recording([]string{with, without}[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := replay.FromRecording(rec)
+		rs.Use(0, replay.DefaultCapacity)
+		_, rows, err := incident.WhatIfs(rs, nil, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
 		c, a := cli[side].(map[string]any)["needed"].(map[string]any), api[side].(map[string]any)["needed"].(map[string]any)
-		if c["status"] != "done" || c["bytes"] != a["bytes"] || a["bytes"] == nil {
-			t.Errorf("%s needs: CLI %v, API %v", side, c, a)
+		if c["status"] != "done" || c["bytes"] != a["bytes"] || a["bytes"] != float64(rows[0].CapacityNeeded) {
+			t.Errorf("%s needs %d B, found by replaying it; CLI %v, API %v", side, rows[0].CapacityNeeded, c, a)
 		}
 		delete(c, "text")
 		delete(a, "text")
