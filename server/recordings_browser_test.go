@@ -93,12 +93,14 @@ func TestBrowserNoStackNamed(t *testing.T) {
 	// must lie within its step's start and end as the timeline places
 	// them, and within the plot: at steps 100 to 104, where "step N"
 	// fits, and at 100 to 129, where only the numbers can.
-	for _, steps := range []struct{ from, to, least int }{{100, 104, 5}, {100, 129, 20}} {
+	for _, steps := range []struct {
+		from, to, least int
+		window          [2]int64
+	}{{100, 104, 5, c100(t, ctx)}, {100, 129, 20, stepsWindow(t, ctx, 100, 129)}} {
 		// What is drawn from the new window on: recorded afresh in the
 		// same task that sets it, so no frame of the old one is counted.
 		recordTexts(t, ctx)
-		within(t, ctx, "steps", chromedp.Evaluate[bool](fmt.Sprintf(`(() => { const s = vramscope.regions.filter(r => r.step >= %d && r.step <= %d);
-			window.drawnTexts = []; vramscope.setWindow(s[0].start_us, s[s.length - 1].end_us); return true; })()`, steps.from, steps.to)))
+		within(t, ctx, "steps", chromedp.Evaluate[bool](fmt.Sprintf(`(window.drawnTexts = [], vramscope.setWindow(%d, %d), true)`, steps.window[0], steps.window[1])))
 		waitFor(t, ctx, "step labels drawn", `window.drawnTexts.some(d => d.y === 14 && /^(step )?\d+$/.test(d.text))`)
 		labels := within(t, ctx, "step labels", chromedp.Evaluate[[]map[string]float64](`(() => {
 			const tl = vramscope.timeline, left = 64, right = 64 + tl.plotW;
@@ -307,8 +309,15 @@ func recordTexts(t *testing.T, ctx context.Context) {
 // c100 is the window of steps 100 to 104 of the page's trace.
 func c100(t *testing.T, ctx context.Context) [2]int64 {
 	t.Helper()
-	w := within(t, ctx, "steps 100 to 104", chromedp.Evaluate[[]float64](`(() => { const s = vramscope.regions.filter(r => r.step >= 100 && r.step <= 104);
-		return [s[0].start_us, s[s.length - 1].end_us]; })()`))
+	return stepsWindow(t, ctx, 100, 104)
+}
+
+// stepsWindow is the window of steps from to to of the page's trace.
+func stepsWindow(t *testing.T, ctx context.Context, from, to int) [2]int64 {
+	t.Helper()
+	w := within(t, ctx, fmt.Sprintf("steps %d to %d", from, to), chromedp.Evaluate[[]float64](fmt.Sprintf(`(() => {
+		const s = vramscope.regions.filter(r => r.step >= %d && r.step <= %d);
+		return [s[0].start_us, s[s.length - 1].end_us]; })()`, from, to)))
 	return [2]int64{int64(w[0]), int64(w[1])}
 }
 
