@@ -12,15 +12,15 @@ import (
 	"testing"
 )
 
-// CI says whether this is a CI run (CI=true), where every test must run.
-func CI() bool { return os.Getenv("CI") == "true" }
+// ci says whether this is a CI run (CI=true), where every test must run.
+func ci() bool { return os.Getenv("CI") == "true" }
 
 // Missing ends tb for want of what format names: it fails under CI=true
 // and skips elsewhere.
 func Missing(tb testing.TB, format string, args ...any) {
 	tb.Helper()
 	what := fmt.Sprintf(format, args...)
-	if CI() {
+	if ci() {
 		tb.Fatalf("missing, and CI=true needs it: %s", what)
 	}
 	tb.Skipf("missing: %s", what)

@@ -20,18 +20,23 @@ import (
 	"vramscope/internal/testkit/need"
 )
 
-// The skips that are not for want of data or a program, each with why;
-// any other is a test deciding on its own what need.Missing decides.
-var allowedSkips = map[string][]string{
-	"server/team_test.go":           {"runs as the child of TestTeamServers"},                                                                                                     // a child process's guard
-	"store/crash_test.go":           {"runs as the child of TestSIGKILL"},                                                                                                         // likewise
-	"pytorch/bench_test.go":         {"only run by BenchmarkDecode100MB"},                                                                                                         // likewise
-	"gpu/cuda/cuda_test.go":         {"%s is set", "already running against a named driver", "a CUDA driver is installed", "needs a CUDA GPU", "maps the whole GPU page by page"}, // the GPU tests' real-driver runs
-	"cmd/vramscope/devices_test.go": {"a CUDA driver is installed"},                                                                                                               // checks the message of a machine without one
-	"server/perf_test.go":           {"set VRAMSCOPE_PERF=1"},                                                                                                                     // a measurement, asked for
-	"store/bands_test.go":           {"writes 300k events"},                                                                                                                       // -short
-	"store/open_test.go":            {"cannot remount read-only"},                                                                                                                 // a privilege (mount), not a tool
-	"internal/hostile/hostile.go":   {"cannot mount a small file system here"},                                                                                                    // likewise
+// allowedSkips are the skips that are not for want of data or a program:
+// in file, a message that starts so, and why. Any other skip is a test
+// deciding on its own what need.Missing decides.
+var allowedSkips = []struct{ file, msg, why string }{
+	{"server/team_test.go", "runs as the child of TestTeamServers", "a child process's guard"},
+	{"store/crash_test.go", "runs as the child of TestSIGKILL", "a child process's guard"},
+	{"pytorch/bench_test.go", "only run by BenchmarkDecode100MB", "a child process's guard"},
+	{"gpu/cuda/cuda_test.go", "already running against a named driver", "a child process's guard"},
+	{"gpu/cuda/cuda_test.go", "%s is set", "a test of a machine without a driver, on one told to use a driver"},
+	{"gpu/cuda/cuda_test.go", "a CUDA driver is installed", "a test of a machine without a driver"},
+	{"cmd/vramscope/devices_test.go", "a CUDA driver is installed", "a test of a machine without a driver"},
+	{"gpu/cuda/cuda_test.go", "needs a CUDA GPU", "GPU tests: CI has none (TestFakeDriver runs them on a fake driver)"},
+	{"gpu/cuda/cuda_test.go", "maps the whole GPU page by page", "-short"},
+	{"store/bands_test.go", "writes 300k events", "-short"},
+	{"server/perf_test.go", "set VRAMSCOPE_PERF=1", "a measurement, run when asked for"},
+	{"store/open_test.go", "cannot remount read-only", "a privilege (mount), not a tool"},
+	{"internal/hostile/hostile.go", "cannot mount a small file system here", "a privilege (mount), not a tool"},
 }
 
 // sharedPath is a string literal that names the shared folder as a path.
@@ -40,7 +45,7 @@ var sharedPath = regexp.MustCompile(`^shared$|(^|/)shared/testdata|^/work/shared
 // moduleRoot is the checkout's root, where go.mod is.
 func moduleRoot(t *testing.T) string {
 	t.Helper()
-	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	out, err := exec.Command(need.Program(t, "go"), "list", "-m", "-f", "{{.Dir}}").Output()
 	if err != nil {
 		t.Fatalf("go list -m: %v", err)
 	}
@@ -141,8 +146,8 @@ func allowedSkip(file string, call *ast.CallExpr) bool {
 		return false
 	}
 	msg, _ := strconv.Unquote(lit.Value)
-	for _, a := range allowedSkips[file] {
-		if strings.HasPrefix(msg, a) {
+	for _, a := range allowedSkips {
+		if a.file == file && strings.HasPrefix(msg, a.msg) {
 			return true
 		}
 	}
@@ -310,12 +315,9 @@ func TestSuiteWithoutTestdata(t *testing.T) {
 
 // skippedAllowed says whether a test's output shows a skip of allowedSkips.
 func skippedAllowed(output string) bool {
-	for _, msgs := range allowedSkips {
-		for _, m := range msgs {
-			m, _, _ = strings.Cut(m, "%")
-			if m != "" && strings.Contains(output, m) {
-				return true
-			}
+	for _, a := range allowedSkips {
+		if m, _, _ := strings.Cut(a.msg, "%"); m != "" && strings.Contains(output, m) {
+			return true
 		}
 	}
 	return false
