@@ -4,10 +4,9 @@ import (
 	"encoding/json"
 	"sync"
 	"time"
+	"vramscope/gpu"
 
 	"github.com/gorilla/websocket"
-
-	"vramscope/gpu"
 )
 
 // maxCredit caps how many messages a viewer may ask for ahead.
