@@ -13,7 +13,7 @@ import (
 // The PyTorch 2.11 recordings of a real GPU (shared/testdata/pytorch-2.11).
 func recording(t *testing.T, db *store.DB, name string) gpu.Trace {
 	t.Helper()
-	return importSnapshot(t, db, "../pytorch-2.11/"+name)[0]
+	return importFile(t, db, testkit.SnapshotOf(t, "pytorch-2.11", name))[0]
 }
 
 // share is how the live bytes at an instant split: by category, the bytes

@@ -420,7 +420,7 @@ func TestCompareSettings(t *testing.T) {
 // allocated is the same (within the allocator's rounding: 1 %), and no
 // group differs by more than that, while the allocator's figures
 // (reserved) do; the plot opens on the steps, not on the model's loading.
-// By time, the same moments were gigabytes apart.
+// By time, at A's peak B was gigabytes away.
 func TestCompareSameProgramByRequest(t *testing.T) {
 	db := testkit.OpenDB(t)
 	ids := importSnapshots(t, db, "../pytorch-2.11/train_default.pickle", "../pytorch-2.11/train_expandable.pickle")
@@ -481,7 +481,22 @@ func TestCompareSameProgramByRequest(t *testing.T) {
 	if !byTime.Timeline.Steps {
 		t.Errorf("by time the window is not the steps': %+v", byTime.Timeline.Whole)
 	}
-	t.Logf("A's peak: B − A %d B by request, %d B by time", r.Moments[0].Divergence, byTime.Moments[0].Divergence)
+	// By time, at A's peak B was gigabytes from it: B's allocated bytes
+	// at the event the moment reads, as the store lays B out there,
+	// against A's peak.
+	pa := byTime.Moments[0]
+	if pa.Key != "peak_a" || pa.A.Allocated != r.A.PeakAllocated {
+		t.Fatalf("by time, the first moment is %s reading A at %d B, want A's peak of %d B", pa.Key, pa.A.Allocated, r.A.PeakAllocated)
+	}
+	lb, _, err := db.LayoutAtSeq(ids[1], pa.B.Seq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gap := int64(lb.Figures().Allocated) - int64(r.A.PeakAllocated)
+	if gap > -1<<30 && gap < 1<<30 || gap != pa.Divergence {
+		t.Errorf("by time, at A's peak B is %d B from it (the comparison says %d B), want a gigabyte or more", gap, pa.Divergence)
+	}
+	t.Logf("A's peak: B − A %d B by request, %d B by time", r.Moments[0].Divergence, gap)
 
 	// Two different programs are not aligned by request unless asked,
 	// and then the page says they differ.

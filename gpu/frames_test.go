@@ -1,6 +1,8 @@
 package gpu_test
 
 import (
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -52,19 +54,34 @@ func TestFrameKinds(t *testing.T) {
 	}
 }
 
-// On real snapshots every allocation is labelled by code its author wrote
-// where the stack has any: never by the unwinder or the allocator.
+// On every real snapshot every allocation is labelled by code its author
+// wrote where the stack has any: never by the unwinder or the allocator.
+// In the 2.11 recordings the author's code is known, the recording script
+// (/job/record.py, PROVENANCE.md): a stack through it is labelled by its
+// innermost frame there, and one not through it by no user frame.
 func TestFirstUserFrameOfRealStacks(t *testing.T) {
-	for _, file := range []string{"expandable_oom_multigpu.pickle", "training_22k_user_metadata.pickle", "cs336_ctx128_forward.pickle"} {
-		ts, err := pytorch.DecodeFile(testkit.Snapshot(t, file))
+	const script = "/job/record.py"
+	for _, path := range append(testkit.RealFiles(t, "pytorch"), testkit.RealFiles(t, "pytorch-2.11")...) {
+		file := filepath.Base(path)
+		recorded := strings.Contains(path, "pytorch-2.11")
+		ts, err := pytorch.DecodeFile(path)
 		if err != nil {
 			t.Fatal(err)
 		}
-		users, stacks := 0, 0
+		users, stacks, scripted := 0, 0, 0
 		for _, tr := range ts {
 			for _, st := range tr.Stacks {
 				stacks++
 				f, ok := gpu.FirstUserFrame(st)
+				if recorded {
+					i := slices.IndexFunc(st, func(g gpu.Frame) bool { return g.Filename == script })
+					if i >= 0 {
+						scripted++
+					}
+					if i >= 0 && (!ok || f != st[i]) || i < 0 && ok && gpu.KindOf(f) == gpu.FrameUser {
+						t.Fatalf("%s: labelled by %q (%v), want the innermost frame of %s (index %d) in %v", file, gpu.Label(f), ok, script, i, st)
+					}
+				}
 				if !ok {
 					continue
 				}
@@ -84,8 +101,11 @@ func TestFirstUserFrameOfRealStacks(t *testing.T) {
 				}
 			}
 		}
-		if users == 0 {
+		if stacks > 0 && users == 0 {
 			t.Errorf("%s: none of %d stacks has a user frame", file, stacks)
+		}
+		if recorded && scripted == 0 {
+			t.Errorf("%s: no stack runs through %s", file, script)
 		}
 		t.Logf("%s: %d of %d stacks labelled by a user frame", file, users, stacks)
 	}
@@ -96,7 +116,7 @@ func TestFirstUserFrameOfRealStacks(t *testing.T) {
 // autograd node and operator, never by a helper that only made the
 // output (create_out, empty, _to_copy, zeros).
 func TestOperatorNamesOfBackwardStacks(t *testing.T) {
-	ts, err := pytorch.DecodeFile(testkit.Snapshot(t, "../pytorch-2.11/train_stacks_all.pickle"))
+	ts, err := pytorch.DecodeFile(testkit.SnapshotOf(t, "pytorch-2.11", "train_stacks_all.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,10 @@
 package gpu_test
 
 import (
-	"path/filepath"
 	"testing"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 )
 
@@ -15,7 +15,7 @@ import (
 // stands in for them with.
 func TestEventsToReachesAnyState(t *testing.T) {
 	for _, name := range []string{"oom_nonexpandable.json", "expandable_oom_multigpu.pickle", "uint64_line_annotations.pickle"} {
-		traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch", name))
+		traces, err := pytorch.DecodeFile(testkit.Snapshot(t, name))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -3,7 +3,6 @@ package incident
 import (
 	"encoding/json"
 	"fmt"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -113,7 +112,6 @@ func TestShortageIsNotFragmentation(t *testing.T) {
 }
 
 func TestRealOOMSnapshots(t *testing.T) {
-	dir := filepath.Join("..", "..", "shared", "testdata", "pytorch")
 	for _, c := range []struct {
 		file   string
 		device int
@@ -122,7 +120,7 @@ func TestRealOOMSnapshots(t *testing.T) {
 		{"oom_nonexpandable.json", 0, ""},
 		{"expandable_oom_multigpu.pickle", 1, ""},
 	} {
-		traces, err := pytorch.DecodeFile(filepath.Join(dir, c.file))
+		traces, err := pytorch.DecodeFile(testkit.Snapshot(t, c.file))
 		if err != nil {
 			t.Fatalf("%s: %v", c.file, err)
 		}
@@ -246,7 +244,7 @@ func TestWhatIfPerOOM(t *testing.T) {
 // that limit with them), and the memory needed with the recorded settings
 // is the real allocator's, 5,299,503,104 B (frag_default.json).
 func TestWhatIfUnderAnUnrecordedLimit(t *testing.T) {
-	traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch-2.11", "frag_default_oom.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.SnapshotOf(t, "pytorch-2.11", "frag_default_oom.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -335,7 +333,7 @@ func TestWhatIfSaysWhenItCannotReproduce(t *testing.T) {
 // twice.
 func TestWhatIfTrainingNeeds(t *testing.T) {
 	for _, name := range []string{"train_default.pickle", "train_expandable.pickle"} {
-		traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch-2.11", name))
+		traces, err := pytorch.DecodeFile(testkit.SnapshotOf(t, "pytorch-2.11", name))
 		if err != nil {
 			t.Fatal(err)
 		}

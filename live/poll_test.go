@@ -3,7 +3,6 @@ package live
 import (
 	"bytes"
 	"encoding/json"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 )
 
@@ -39,7 +39,7 @@ func pollOf(t *testing.T, tr *pytorch.Trace, from, to int, seq, lost int64) []by
 // reconnect is not stored twice, and the numbers the client sees are its
 // own.
 func TestPollGaps(t *testing.T) {
-	traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch", "uint64_line_annotations.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "uint64_line_annotations.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func TestPollGaps(t *testing.T) {
 // A poll that does not go on from the trace's last entry, or whose
 // snapshot does not decode, is refused with why, and the stream ends.
 func TestPollRefusals(t *testing.T) {
-	traces, err := pytorch.DecodeFile(filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"vramscope/internal/testkit"
+	"vramscope/internal/testkit/need"
 	"vramscope/server"
 )
 
@@ -23,10 +24,7 @@ import (
 //
 //	go test ./live -run '^$' -bench PythonWatchOverhead -benchtime 1x -v
 func BenchmarkPythonWatchOverhead(b *testing.B) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		b.Skip("no python3")
-	}
+	py := need.Program(b, "python3")
 	db := testkit.OpenDB(b)
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()

@@ -20,20 +20,14 @@ import (
 	"vramscope/gpu"
 	"vramscope/ingest"
 	"vramscope/internal/testkit"
+	"vramscope/internal/testkit/need"
 	"vramscope/pytorch"
 	"vramscope/server"
 	"vramscope/store"
 )
 
 func python(t *testing.T) string {
-	p, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is needed for the Python helper's tests")
-		}
-		t.Skip("no python3")
-	}
-	return p
+	return need.Program(t, "python3")
 }
 
 // TestPythonWatch runs the Python helper, with entries from a real PyTorch
@@ -94,7 +88,7 @@ func TestPythonWatchAnnotations(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		f, err := os.Open(snapshotPath("uint64_line_annotations.pickle"))
+		f, err := os.Open(testkit.Snapshot(t, "uint64_line_annotations.pickle"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,14 +125,6 @@ func TestPythonWatchAnnotations(t *testing.T) {
 	}
 }
 
-func snapshotPath(name string) string {
-	p := filepath.Join("..", "..", "shared", "testdata", "pytorch", name)
-	if _, err := os.Stat(p); err != nil {
-		p = "/work/shared/testdata/pytorch/" + name
-	}
-	return p
-}
-
 // sameEvents fails unless live trace id holds want's entries.
 func sameEvents(t *testing.T, db *store.DB, id string, want *pytorch.Trace) {
 	t.Helper()
@@ -164,7 +150,7 @@ func sameEvents(t *testing.T, db *store.DB, id string, want *pytorch.Trace) {
 func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace, *store.DB, *httptest.Server, string) {
 	t.Helper()
 	py := python(t)
-	snap := snapshotPath(name)
+	snap := testkit.Snapshot(t, name)
 	traces, err := pytorch.DecodeFile(snap)
 	if err != nil {
 		t.Fatal(err)
@@ -279,10 +265,7 @@ func TestIngestBeyondLoopbackNeedsToken(t *testing.T) {
 // environment torchrun sets; the server groups them as one run.
 func TestPythonWatchRanks(t *testing.T) {
 	py := python(t)
-	snap := filepath.Join("..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json")
-	if _, err := os.Stat(snap); err != nil {
-		snap = "/work/shared/testdata/pytorch/oom_nonexpandable.json"
-	}
+	snap := testkit.Snapshot(t, "oom_nonexpandable.json")
 	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()
@@ -379,7 +362,7 @@ func TestPythonWatchUnreachable(t *testing.T) {
 // the server had read the end (only done was lost) or not.
 func TestPythonWatchCutAtTheEnd(t *testing.T) {
 	py := python(t)
-	snap := snapshotPath("oom_nonexpandable.json")
+	snap := testkit.Snapshot(t, "oom_nonexpandable.json")
 	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	defer srv.Close()

@@ -22,11 +22,14 @@ import (
 // figuresScript prints per-device figures of each snapshot named on the
 // command line, computed with the standard pickle module.
 const figuresScript = `
-import pickle, json, sys
+import gzip, pickle, json, sys
 out = {}
 for path in sys.argv[1:]:
     with open(path, "rb") as f:
-        s = pickle.load(f)
+        data = f.read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
+    s = pickle.loads(data)
     if isinstance(s, list):
         s = {"segments": s}
     devs = {}
@@ -62,14 +65,14 @@ func goFigures(traces []*Trace) map[string]pyFigures {
 	return m
 }
 
-// Every real file, and our export of it, give the figures CPython gives.
+// Every real file of both sets, and our export of it, give the figures
+// CPython gives.
 func TestAgainstCPythonPickle(t *testing.T) {
-	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	tmp := t.TempDir()
 	var paths []string
 	want := map[string]map[string]pyFigures{}
-	for name := range expected {
-		p := filepath.Join(dir, name)
+	for _, p := range realFiles(t) {
+		name := filepath.Base(p)
 		traces, err := DecodeFile(p)
 		if err != nil {
 			t.Fatal(err)
@@ -106,6 +109,11 @@ func TestAgainstCPythonPickle(t *testing.T) {
 			}
 		}
 	}
+}
+
+// realFiles are the files of both real sets.
+func realFiles(t *testing.T) []string {
+	return append(testkit.RealFiles(t, "pytorch"), testkit.RealFiles(t, "pytorch-2.11")...)
 }
 
 // The opcodes our export uses are a subset of what MemoryViz.js's
@@ -314,23 +322,18 @@ func canonMap(m map[any]any) string {
 
 var _ = gpu.ActionAlloc
 
-// Every real file, and the same files pickled with protocols 0 and 1,
+// Every real file of both sets, and one pickled with protocols 0 and 1,
 // decode and export to the Python value CPython unpickles from the
 // original, every dict's keys in their order (testdata/compare_snapshots.py).
 func TestExportSameValueAsCPython(t *testing.T) {
-	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
 	tmp := t.TempDir()
 	testkit.Python3(t, `
 import pickle, sys
 s = pickle.load(open(sys.argv[1], "rb"))
 for p in (0, 1):
     pickle.dump(s, open("%s/expandable_oom_multigpu.p%d.pickle" % (sys.argv[2], p), "wb"), protocol=p)
-`, filepath.Join(dir, "expandable_oom_multigpu.pickle"), tmp)
-	var args []string
-	for name := range expected {
-		args = append(args, filepath.Join(dir, name))
-	}
-	args = append(args, filepath.Join(tmp, "expandable_oom_multigpu.p0.pickle"), filepath.Join(tmp, "expandable_oom_multigpu.p1.pickle"))
+`, testkit.Snapshot(t, "expandable_oom_multigpu.pickle"), tmp)
+	args := append(realFiles(t), filepath.Join(tmp, "expandable_oom_multigpu.p0.pickle"), filepath.Join(tmp, "expandable_oom_multigpu.p1.pickle"))
 	var pairs []string
 	for _, in := range args {
 		traces, err := DecodeFile(in)

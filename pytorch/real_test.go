@@ -1,7 +1,10 @@
 package pytorch
 
 import (
+	"encoding/json"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"vramscope/gpu"
@@ -33,11 +36,22 @@ var expected = map[string]fileFigures{
 	"cs336_ctx128_forward.pickle":           {516, 1276, 19667091456, 19498420224, 0, []int{4657}, 0},
 }
 
+// Every file of the older real set decodes to PROVENANCE.md's figures
+// (expected); a file added there without its figures fails.
 func TestRealSnapshots(t *testing.T) {
-	dir := filepath.Dir(testkit.Snapshot(t, "PROVENANCE.md"))
-	for name, want := range expected {
+	files := testkit.RealFiles(t, "pytorch")
+	if len(files) != len(expected) {
+		t.Errorf("%d real files, %d with figures", len(files), len(expected))
+	}
+	for _, path := range files {
+		name := filepath.Base(path)
+		want, ok := expected[name]
+		if !ok {
+			t.Errorf("%s: no figures in expected; add its row of PROVENANCE.md", name)
+			continue
+		}
 		t.Run(name, func(t *testing.T) {
-			traces, err := DecodeFile(filepath.Join(dir, name))
+			traces, err := DecodeFile(path)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -79,6 +93,88 @@ func TestRealSnapshots(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Every PyTorch 2.11 recording decodes to a well-formed layout, and where
+// its run wrote memory_stats() at the dump (the .json beside it, at the
+// OOM for frag_default), to the real allocator's own counters: bytes
+// reserved, allocated and requested, blocks allocated, and segments
+// (PyTorch counts none for expandable segments). Those without counters
+// (graphs, ddp_rank0) are checked against CPython in TestAgainstCPythonPickle.
+func TestReal211Snapshots(t *testing.T) {
+	withStats := 0
+	for _, path := range testkit.RealFiles(t, "pytorch-2.11") {
+		name := filepath.Base(path)
+		t.Run(name, func(t *testing.T) {
+			traces, err := DecodeFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(traces) != 1 {
+				t.Fatalf("%d device traces, want the one GPU", len(traces))
+			}
+			tr := traces[0]
+			if err := tr.Final.CheckTiling(); err != nil {
+				t.Error(err)
+			}
+			if len(tr.Mismatches) != 0 {
+				t.Errorf("%d mismatches, first: %v", len(tr.Mismatches), &tr.Mismatches[0])
+			}
+			stats, expandable := memoryStatsAtDump(t, path)
+			if stats == nil {
+				return
+			}
+			withStats++
+			f := tr.Final.Figures()
+			allocs := 0
+			for _, sg := range tr.Final.Segments {
+				for _, b := range sg.Blocks {
+					if b.State == gpu.BlockAllocated {
+						allocs++
+					}
+				}
+			}
+			got := map[string]uint64{"reserved_bytes.all.current": f.Reserved, "allocated_bytes.all.current": f.Allocated,
+				"requested_bytes.all.current": f.Requested, "allocation.all.current": uint64(allocs)}
+			if !expandable {
+				got["segment.all.current"] = uint64(f.Segments)
+			}
+			for k, v := range got {
+				if want, ok := stats[k]; !ok || int64(v) != want {
+					t.Errorf("%s: %d, memory_stats() %d", k, v, want)
+				}
+			}
+		})
+	}
+	if withStats < 5 {
+		t.Errorf("%d recordings checked against memory_stats(), want the 5 that have them", withStats)
+	}
+}
+
+// memoryStatsAtDump is memory_stats() as the run of a 2.11 recording
+// wrote it when the snapshot was dumped, from the .json beside it (nil
+// where it has none), and whether the run had expandable segments.
+func memoryStatsAtDump(t *testing.T, snapshot string) (map[string]int64, bool) {
+	t.Helper()
+	base := strings.TrimSuffix(strings.TrimSuffix(snapshot, ".gz"), ".pickle")
+	b, err := os.ReadFile(strings.TrimSuffix(base, "_oom") + ".json")
+	if err != nil {
+		t.Fatalf("the run's figures: %v", err)
+	}
+	var run struct {
+		Conf        string
+		MemoryStats map[string]int64 `json:"memory_stats"`
+		OOM         struct {
+			MemoryStats map[string]int64 `json:"memory_stats_at_oom"`
+		}
+	}
+	if err := json.Unmarshal(b, &run); err != nil {
+		t.Fatal(err)
+	}
+	if strings.HasSuffix(base, "_oom") {
+		run.MemoryStats = run.OOM.MemoryStats
+	}
+	return run.MemoryStats, strings.Contains(run.Conf, "expandable_segments:True")
 }
 
 var _ = gpu.ActionAlloc

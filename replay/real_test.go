@@ -2,7 +2,6 @@ package replay
 
 import (
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -10,25 +9,9 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
+	"vramscope/internal/testkit/need"
 	"vramscope/pytorch"
 )
-
-// realDir holds the real snapshots of set (pytorch: PyTorch 2.0-2.2;
-// pytorch-2.11: recordings of a real GPU with today's PyTorch): in
-// ../../shared beside the checkout's packages here, ../shared beside the
-// clone in CI.
-func realDir(t testing.TB, set string) string {
-	for _, dir := range []string{"../../shared/testdata/" + set, "../shared/testdata/" + set} {
-		if _, err := os.Stat(filepath.Join(dir, "PROVENANCE.md")); err == nil {
-			return dir
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("the real snapshots (shared/testdata/%s) are missing", set)
-	}
-	t.Skipf("the real snapshots (shared/testdata/%s) are not here", set)
-	return ""
-}
 
 // realTrace is one device trace of a real snapshot.
 type realTrace struct {
@@ -45,18 +28,14 @@ type realSet struct {
 
 var realSets = map[string]*realSet{"pytorch": {}, "pytorch-2.11": {}}
 
-// realTracesOf decodes every snapshot of set once, and returns its device
-// traces.
+// realTracesOf decodes every snapshot of set once (need.RealFiles; testkit
+// imports this package), and returns its device traces.
 func realTracesOf(t *testing.T, set string) []realTrace {
 	t.Helper()
-	dir := realDir(t, set)
+	files := need.RealFiles(t, set)
 	rs := realSets[set]
 	rs.once.Do(func() {
-		files, _ := filepath.Glob(filepath.Join(dir, "*"))
 		for _, f := range files {
-			if ext := filepath.Ext(f); ext == ".md" || ext == ".py" || ext == ".json" && set != "pytorch" {
-				continue // the 2.11 set's .json are the real runs' figures
-			}
 			all, err := pytorch.DecodeFile(f)
 			if err != nil {
 				rs.failed = fmt.Errorf("%s: %w", f, err)

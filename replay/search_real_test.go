@@ -7,8 +7,9 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"testing"
+
+	"vramscope/internal/testkit/need"
 )
 
 // fragOpsScript prints the request stream of record.py's frag scenario
@@ -41,13 +42,10 @@ for op in ns["frag_ops"]():
 // 5,251,268,608: both fail, here too); the search, as the real one, starts
 // from what a run with no limit reserves and does not land there.
 func TestFragStreamNeeded(t *testing.T) {
-	script := filepath.Join(realDir(t, "pytorch-2.11"), "record.py")
-	out, err := exec.Command("python3", "-c", fragOpsScript, script).Output()
+	script := need.SnapshotOf(t, "pytorch-2.11", "record.py")
+	out, err := exec.Command(need.Program(t, "python3"), "-c", fragOpsScript, script).Output()
 	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatalf("python3: %v", err)
-		}
-		t.Skipf("python3: %v", err)
+		t.Fatalf("python3: %v", err)
 	}
 	var reqs []Request
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -75,7 +73,7 @@ func TestFragStreamNeeded(t *testing.T) {
 			OK    bool
 		}
 	}
-	data, err := os.ReadFile(filepath.Join(realDir(t, "pytorch-2.11"), "frag_default.json"))
+	data, err := os.ReadFile(need.SnapshotOf(t, "pytorch-2.11", "frag_default.json"))
 	if err == nil {
 		err = json.Unmarshal(data, &truth)
 	}

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"reflect"
 	"regexp"
 	"sort"
@@ -479,16 +478,14 @@ func post(t *testing.T, url string, body io.Reader) (int, []byte) {
 	return res.StatusCode, b
 }
 
-const snapshots = "../../shared/testdata/pytorch"
-
 func TestUploadAndDelete(t *testing.T) { testkit.EachBackend(t, testUploadAndDelete) }
 
 func testUploadAndDelete(t *testing.T) {
 	f := newFixture(t, Options{MaxUploadBytes: 3 << 20})
-	path := filepath.Join(snapshots, "oom_nonexpandable.json")
+	path := testkit.Snapshot(t, "oom_nonexpandable.json")
 	data, err := os.ReadFile(path)
 	if err != nil {
-		t.Skipf("no snapshot: %v", err)
+		t.Fatal(err)
 	}
 	code, b := post(t, f.srv.URL+"/api/traces?name=oom_nonexpandable.json", bytes.NewReader(data))
 	if code != http.StatusCreated {

@@ -11,11 +11,13 @@ import (
 	"sync"
 	"testing"
 	"time"
-	"vramscope/internal/pgtest"
-	"vramscope/internal/testkit"
 
 	"github.com/chromedp/cdproto/input"
 	"github.com/chromedp/chromedp"
+
+	"vramscope/internal/pgtest"
+	"vramscope/internal/testkit"
+	"vramscope/internal/testkit/need"
 )
 
 // One headless Chromium serves every browser test of the package.
@@ -36,14 +38,15 @@ func TestMain(m *testing.M) {
 }
 
 // browser returns a new tab of the shared browser. Without Chromium the
-// test is skipped, unless VRAMSCOPE_BROWSER_TESTS=1 asks for it to fail.
+// test is skipped, unless CI=true or VRAMSCOPE_BROWSER_TESTS=1 asks for it
+// to fail.
 func browser(t *testing.T) context.Context {
 	t.Helper()
 	if _, err := exec.LookPath(chromium); err != nil {
 		if os.Getenv("VRAMSCOPE_BROWSER_TESTS") == "1" {
 			t.Fatalf("VRAMSCOPE_BROWSER_TESTS=1 but %s is missing: %v", chromium, err)
 		}
-		t.Skipf("no browser: %v", err)
+		need.Missing(t, "the browser %s (%v)", chromium, err)
 	}
 	browserOnce.Do(func() {
 		opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chromium),
@@ -281,12 +284,9 @@ func testBrowserUpload(t *testing.T) {
 	ctx := browser(t)
 	f := newFixture(t, Options{})
 	dir := shotDir(t)
-	snap, err := filepath.Abs(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	snap, err := filepath.Abs(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if err != nil {
 		t.Fatal(err)
-	}
-	if _, err := os.Stat(snap); err != nil {
-		t.Skipf("no snapshot: %v", err)
 	}
 	bad := filepath.Join(t.TempDir(), "notes.txt")
 	os.WriteFile(bad, []byte("these are not the bytes of a snapshot"), 0o644)

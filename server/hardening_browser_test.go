@@ -7,11 +7,11 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
-	"vramscope/internal/testkit"
 
 	"github.com/chromedp/chromedp"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/pytorch"
 )
 
@@ -26,9 +26,9 @@ func testBrowserDroppedAndListPages(t *testing.T) {
 	ctx := browser(t)
 	l := listen(t, nil, Options{})
 	dir := shotDir(t)
-	traces, err := pytorch.DecodeFile(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if err != nil {
-		t.Skipf("no snapshot: %v", err)
+		t.Fatal(err)
 	}
 	tr := traces[0]
 	mid := len(tr.Events) / 2

@@ -115,7 +115,7 @@ func testRebindingRefused(t *testing.T) {
 	id := makeTrace(t, l.db, "kept", workload{Steps: 2, Layers: 2, Seed: 1})
 	evil := "rebind.evil.example:8080"
 	origin := map[string]string{"Origin": "http://" + evil}
-	snap, _ := os.ReadFile(filepath.Join(snapshots, "empty_four_devices.pickle"))
+	snap, _ := os.ReadFile(testkit.Snapshot(t, "empty_four_devices.pickle"))
 	for _, c := range []struct{ method, path string }{
 		{"POST", "/api/traces?name=x"}, {"GET", "/api/traces"}, {"GET", "/"}, {"DELETE", "/api/traces/" + id},
 		{"GET", "/api/traces/" + id + "/usage?t0=0&t1=10"}, {"POST", "/api/permalinks"},
@@ -538,7 +538,7 @@ func TestFullDiskOverHTTP(t *testing.T) {
 	}
 	l := listen(t, db, Options{})
 	hostile.Fill(t, dir, 0)
-	snap, _ := os.ReadFile(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	snap, _ := os.ReadFile(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	code, b := l.upload(t, "full", bytes.NewReader(snap), nil)
 	if code != http.StatusInsufficientStorage || !strings.Contains(errorOf(t, b), "bytes free") {
 		t.Errorf("upload on a full disk: %d %s", code, b)

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -218,9 +217,9 @@ func TestIncidentOfUploadedSnapshot(t *testing.T) {
 }
 
 func testIncidentOfUploadedSnapshot(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	data, err := os.ReadFile(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if err != nil {
-		t.Skipf("no snapshot: %v", err)
+		t.Fatal(err)
 	}
 	db := testkit.OpenDB(t)
 	srv := serve(t, db)

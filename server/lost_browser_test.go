@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -13,6 +12,7 @@ import (
 	"github.com/gorilla/websocket"
 
 	"vramscope/gpu"
+	"vramscope/internal/testkit"
 	"vramscope/live"
 	"vramscope/pytorch"
 )
@@ -26,7 +26,7 @@ func TestBrowserLostEntries(t *testing.T) {
 	ctx := browser(t)
 	l := listen(t, nil, Options{})
 	dir := shotDir(t)
-	traces, err := pytorch.DecodeFile(filepath.Join(snapshots, "uint64_line_annotations.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "uint64_line_annotations.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +97,7 @@ func TestBrowserLostEntries(t *testing.T) {
 func TestBrowserLiveLostEntries(t *testing.T) {
 	ctx := browser(t)
 	l := listen(t, nil, Options{})
-	traces, err := pytorch.DecodeFile(filepath.Join(snapshots, "uint64_line_annotations.pickle"))
+	traces, err := pytorch.DecodeFile(testkit.Snapshot(t, "uint64_line_annotations.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}

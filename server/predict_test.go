@@ -105,10 +105,25 @@ func TestPredictPage(t *testing.T) {
 		}
 	}
 	page = pageDone(t, f.srv.URL+"/compare/"+a+"/"+b+"/predict?batch_a=2&batch_b=4&at=8,16&capacity=16GiB", `data-running="1"`)
-	for _, want := range []string{"of", "requests pair up by stack and occurrence", "<td class=\"num\">16</td>"} {
-		if !strings.Contains(page, want) {
-			t.Errorf("the predict page lacks %q", want)
+	if !strings.Contains(page, "<td class=\"num\">16</td>") {
+		t.Errorf("the predict page lacks the row of batch 16")
+	}
+	// Every request of the first recording (its mallocs and frees, as
+	// stored) pairs up with the second's: the same program at another
+	// batch size.
+	rec, err := f.db.Recording(a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requests := 0
+	for _, e := range rec.Events {
+		if e.Action == gpu.ActionAlloc || e.Action == gpu.ActionFreeRequested {
+			requests++
 		}
+	}
+	want := fmt.Sprintf("%d of %d requests pair up by stack and occurrence", requests, requests)
+	if !strings.Contains(page, want) {
+		t.Errorf("the predict page does not say %q: %.300q", want, regexp.MustCompile(`\d+ of \d+ requests[^.]*`).FindString(page))
 	}
 	if !regexp.MustCompile(`The largest batch that fits 16.00 GiB \(asked for\): [1-9][0-9]\.`).MatchString(page) {
 		t.Error("the predict page does not say the largest batch")

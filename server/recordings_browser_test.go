@@ -20,7 +20,7 @@ import (
 // (shared/testdata/pytorch-2.11).
 func recording(t *testing.T, db *store.DB, name string) gpu.Trace {
 	t.Helper()
-	return importSnapshot(t, db, "../pytorch-2.11/"+name)[0]
+	return importSnapshotOf(t, db, "pytorch-2.11", name)[0]
 }
 
 // The 300-step run recorded with PyTorch's default stacks="python": at its
@@ -80,7 +80,7 @@ func TestBrowserNoStackNamed(t *testing.T) {
 
 	// The page opens on the steady steps, not on the seconds of loading
 	// and the warm-up step before them; the phases' strip has a legend;
-	// steps' labels fit their steps.
+	// steps' labels, as drawn, fit their steps.
 	win := within(t, ctx, "window", chromedp.Evaluate[[]float64](`[vramscope.t0, vramscope.t1, vramscope.regions.find(r => r.step === 1).start_us]`))
 	if win[0] <= float64(big.FirstUS) || win[0] > win[2] || (win[2]-win[0]) > 0.05*(win[1]-win[0]) {
 		t.Errorf("the window [%.0f, %.0f] and step 1 at %.0f", win[0], win[1], win[2])
@@ -89,10 +89,39 @@ func TestBrowserNoStackNamed(t *testing.T) {
 	if !strings.Contains(legend, "optimizer") || !strings.Contains(legend, "zero grad") {
 		t.Errorf("the phases' legend: %q", legend)
 	}
-	st := c100(t, ctx)
-	within(t, ctx, "steps 100 to 104", chromedp.Evaluate[bool](fmt.Sprintf(`(vramscope.setWindow(%d, %d), true)`, st[0], st[1])))
-	waitFor(t, ctx, "drawn", `document.getElementById("view").dataset.ready === "1"`)
-	screenshot(t, ctx, dir, "steps-100-labels")
+	// The strip's labels sit at its middle (y 14, in 10 px type); each
+	// must lie within its step's start and end as the timeline places
+	// them, and within the plot: at steps 100 to 104, where "step N"
+	// fits, and at 100 to 129, where only the numbers can.
+	for _, steps := range []struct {
+		from, to, least int
+		window          [2]int64
+	}{{100, 104, 5, c100(t, ctx)}, {100, 129, 20, stepsWindow(t, ctx, 100, 129)}} {
+		// What is drawn from the new window on: recorded afresh in the
+		// same task that sets it, so no frame of the old one is counted.
+		recordTexts(t, ctx)
+		within(t, ctx, "steps", chromedp.Evaluate[bool](fmt.Sprintf(`(window.drawnTexts = [], vramscope.setWindow(%d, %d), true)`, steps.window[0], steps.window[1])))
+		waitFor(t, ctx, "step labels drawn", `window.drawnTexts.some(d => d.y === 14 && /^(step )?\d+$/.test(d.text))`)
+		labels := within(t, ctx, "step labels", chromedp.Evaluate[[]map[string]float64](`(() => {
+			const tl = vramscope.timeline, left = 64, right = 64 + tl.plotW;
+			return window.drawnTexts.filter(d => d.y === 14 && /^(step )?\d+$/.test(d.text)).map(d => {
+				const n = Number(d.text.replace("step ", "")), r = vramscope.regions.find(r => r.step === n);
+				return {n, x: d.x, w: d.w, x0: Math.max(left, tl.xOf(r.start_us)), x1: Math.min(right, tl.xOf(r.end_us))};
+			}); })()`))
+		seen := map[float64]bool{}
+		for _, l := range labels {
+			seen[l["n"]] = true
+			if l["x"] < l["x0"] || l["x"]+l["w"] > l["x1"] {
+				t.Errorf("steps %d to %d: step %.0f's label spans x %.1f to %.1f, its step %.1f to %.1f", steps.from, steps.to, l["n"], l["x"], l["x"]+l["w"], l["x0"], l["x1"])
+			}
+		}
+		if len(seen) < steps.least {
+			t.Errorf("steps %d to %d: %d labelled, want %d or more", steps.from, steps.to, len(seen), steps.least)
+		}
+		if steps.from == 100 && steps.to == 104 {
+			screenshot(t, ctx, dir, "steps-100-labels")
+		}
+	}
 
 	// The 6-step run at the start of its third optimizer step.
 	c, err := attrib.NewCategorizer(db, train.ID)
@@ -187,7 +216,8 @@ func TestBrowserSideStreamNotCommunication(t *testing.T) {
 // train_expandable.pickle): /compare/A/B, with no alignment asked for,
 // aligns by request and says the figures that differ are the allocator's;
 // the steps fill the plot; A's peak reads B at the same request, where
-// the live bytes agree within 1 %; the moments' labels do not overlap.
+// the live bytes agree within 1 %; the moments' labels, as drawn, do not
+// overlap.
 func TestBrowserCompareSameProgram(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
@@ -220,6 +250,23 @@ func TestBrowserCompareSameProgram(t *testing.T) {
 	if !strings.Contains(label, "reserved") {
 		t.Errorf("moment label %q", label)
 	}
+	// Drawn again (a click on the moment shown), the moments' labels: the
+	// two peaks of one program lie close together.
+	recordTexts(t, ctx)
+	within(t, ctx, "redraw", chromedp.Evaluate[bool](`(window.drawnTexts = [], document.querySelector("#moment-tabs .tab.active").click(), true)`))
+	moments := `window.drawnTexts.filter(d => ["A peak", "B peak", "most apart", "chosen"].includes(d.text))`
+	waitFor(t, ctx, "moments drawn", moments+`.length >= 2`)
+	drawn := within(t, ctx, "moments' labels", chromedp.Evaluate[[]drawnText](moments))
+	for i, l := range drawn {
+		if l.X < 70 {
+			t.Errorf("%q drawn at x %.1f, left of the plot", l.Text, l.X)
+		}
+		for _, m := range drawn[:i] {
+			if l.Y == m.Y && l.X < m.X+m.W && m.X < l.X+l.W {
+				t.Errorf("%q (x %.1f to %.1f) overlaps %q (x %.1f to %.1f) on the row at y %.0f", l.Text, l.X, l.X+l.W, m.Text, m.X, m.X+m.W, l.Y)
+			}
+		}
+	}
 	screenshot(t, ctx, dir, "compare-same-program")
 
 	// By time the window opens on the steps too, with a way to the whole.
@@ -233,11 +280,44 @@ func TestBrowserCompareSameProgram(t *testing.T) {
 	screenshot(t, ctx, dir, "compare-same-program-time")
 }
 
+// drawnText is a text a canvas of the page drew (recordTexts): where it
+// starts, its baseline and its width, in CSS pixels.
+type drawnText struct {
+	Text    string
+	X, Y, W float64
+}
+
+// recordTexts makes the page's canvases keep each text they draw from now
+// on (fillText) in window.drawnTexts, with its place and width: where a
+// label lands is seen as drawn, not as the drawing code means it to.
+func recordTexts(t *testing.T, ctx context.Context) {
+	t.Helper()
+	within(t, ctx, "record texts", chromedp.Evaluate[bool](`(() => {
+		window.drawnTexts = [];
+		const p = CanvasRenderingContext2D.prototype;
+		if (!p.fillText.recording) {
+			const fillText = p.fillText;
+			p.fillText = function (text, x, y, ...rest) {
+				window.drawnTexts.push({text: String(text), x, y, w: this.measureText(text).width});
+				return fillText.call(this, text, x, y, ...rest);
+			};
+			p.fillText.recording = true;
+		}
+		return true; })()`))
+}
+
 // c100 is the window of steps 100 to 104 of the page's trace.
 func c100(t *testing.T, ctx context.Context) [2]int64 {
 	t.Helper()
-	w := within(t, ctx, "steps 100 to 104", chromedp.Evaluate[[]float64](`(() => { const s = vramscope.regions.filter(r => r.step >= 100 && r.step <= 104);
-		return [s[0].start_us, s[s.length - 1].end_us]; })()`))
+	return stepsWindow(t, ctx, 100, 104)
+}
+
+// stepsWindow is the window of steps from to to of the page's trace.
+func stepsWindow(t *testing.T, ctx context.Context, from, to int) [2]int64 {
+	t.Helper()
+	w := within(t, ctx, fmt.Sprintf("steps %d to %d", from, to), chromedp.Evaluate[[]float64](fmt.Sprintf(`(() => {
+		const s = vramscope.regions.filter(r => r.step >= %d && r.step <= %d);
+		return [s[0].start_us, s[s.length - 1].end_us]; })()`, from, to)))
 	return [2]int64{int64(w[0]), int64(w[1])}
 }
 
@@ -246,7 +326,7 @@ func c100(t *testing.T, ctx context.Context) [2]int64 {
 func TestBrowserRunKeys(t *testing.T) {
 	ctx := browser(t)
 	db := testkit.OpenDB(t)
-	files := []string{testkit.Snapshot(t, "../pytorch-2.11/ddp_rank0.pickle"), testkit.Snapshot(t, "../pytorch-2.11/train_default.pickle")}
+	files := []string{testkit.SnapshotOf(t, "pytorch-2.11", "ddp_rank0.pickle"), testkit.SnapshotOf(t, "pytorch-2.11", "train_default.pickle")}
 	runID, _, err := ingest.Run(context.Background(), db, "two ranks", ingest.WithRanks(ingest.Files(files), []int{0, 1}), pytorch.Options{})
 	if err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/url"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -187,9 +186,9 @@ func TestBrowserSnapshotIncident(t *testing.T) { testkit.EachBackend(t, testBrow
 
 func testBrowserSnapshotIncident(t *testing.T) {
 	ctx := browser(t)
-	f, err := os.Open(filepath.Join(snapshots, "oom_nonexpandable.json"))
+	f, err := os.Open(testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if err != nil {
-		t.Skipf("no snapshot: %v", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	db := testkit.OpenDB(t)
@@ -241,9 +240,9 @@ func TestBrowserMemoryNeeded(t *testing.T) { testkit.EachBackend(t, testBrowserM
 
 func testBrowserMemoryNeeded(t *testing.T) {
 	ctx := browser(t)
-	f, err := os.Open(filepath.Join(snapshots, "no_time_us_segment_churn.pickle"))
+	f, err := os.Open(testkit.Snapshot(t, "no_time_us_segment_churn.pickle"))
 	if err != nil {
-		t.Skipf("no snapshot: %v", err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	db := testkit.OpenDB(t)

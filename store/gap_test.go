@@ -9,7 +9,9 @@ import (
 // A live trace's gap is stored with the events that fill it, in the same
 // commit, and read while the trace is still live; a resumed writer goes on
 // from the gaps stored (the live hub numbers its client's events by them).
-func TestGapStoredAndResumed(t *testing.T) {
+func TestGapStoredAndResumed(t *testing.T) { eachBackend(t, testGapStoredAndResumed) }
+
+func testGapStoredAndResumed(t *testing.T) {
 	db, _ := openTemp(t)
 	w, err := db.CreateTrace(gpu.TraceMeta{Name: "job", Source: gpu.SourceLive}, nil)
 	if err != nil {

@@ -3,18 +3,15 @@ package store
 import (
 	"encoding/json"
 	"errors"
-	"path/filepath"
 	"testing"
 
 	"vramscope/gpu"
 )
 
-func TestIncidentsAndPermalinks(t *testing.T) {
-	path := filepath.Join(t.TempDir(), "i.db")
-	db, err := Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
+func TestIncidentsAndPermalinks(t *testing.T) { eachBackend(t, testIncidentsAndPermalinks) }
+
+func testIncidentsAndPermalinks(t *testing.T) {
+	db, path := openTemp(t)
 	w, err := db.CreateTrace(gpu.TraceMeta{Name: "oom", Source: gpu.SourceTrace}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -194,7 +194,11 @@ func openPostgres(addr string) (*DB, error) {
 	}
 	be.wg.Add(2)
 	go be.renew()
-	go be.listen()
+	// Open returns once the handle LISTENs (or its first try failed), so
+	// that what other handles commit after it returns is heard.
+	listening := make(chan struct{})
+	go be.listen(listening)
+	<-listening
 	if err := db.start(); err != nil {
 		return nil, fmt.Errorf("%s: %w", shown, err)
 	}
@@ -354,9 +358,12 @@ func (b *pgBackend) renew() {
 }
 
 // listen hands the changes other sessions NOTIFY to the watchers, and
-// connects again when the database went away.
-func (b *pgBackend) listen() {
+// connects again when the database went away. It closes listening after
+// its first LISTEN, or its first failure to connect.
+func (b *pgBackend) listen(listening chan<- struct{}) {
 	defer b.wg.Done()
+	first := sync.OnceFunc(func() { close(listening) })
+	defer first()
 	ctx, cancel := context.WithCancel(context.Background())
 	go func() {
 		<-b.stop
@@ -366,7 +373,9 @@ func (b *pgBackend) listen() {
 	for ctx.Err() == nil {
 		conn, err := pgx.ConnectConfig(ctx, b.cfg)
 		if err == nil {
-			if _, err = conn.Exec(ctx, "LISTEN "+notifyChannel); err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+notifyChannel)
+			first()
+			if err == nil {
 				wait = 100 * time.Millisecond
 				for {
 					n, err := conn.WaitForNotification(ctx)
@@ -381,6 +390,7 @@ func (b *pgBackend) listen() {
 			}
 			conn.Close(context.Background())
 		}
+		first()
 		select {
 		case <-ctx.Done():
 		case <-time.After(wait):

@@ -211,19 +211,41 @@ func testJoinRun(t *testing.T) {
 	}
 }
 
-// Usages answers as Usage does, trace by trace, with only the series it
-// is asked for.
+// Usages answers for each trace what walking its own events gives
+// (bucketsOf), in the series it is asked for, the others zero; so does
+// Usage (all series), which is Usages of one trace.
 func TestUsagesOfARun(t *testing.T) { eachBackend(t, testUsagesOfARun) }
 
 func testUsagesOfARun(t *testing.T) {
 	db, _ := openTemp(t)
 	run, _ := db.CreateRun("job", 0)
 	var ids []string
+	var walks []*walked
 	t0, t1 := int64(1<<62), int64(0)
 	for rank := range 5 {
-		tr := rankTrace(t, db, run, rank, 0, 3000+1000*rank, uint64(rank+1))
+		n, seed := 3000+1000*rank, uint64(rank+1)
+		tr := rankTrace(t, db, run, rank, 0, n, seed)
 		ids = append(ids, tr.ID)
+		walks = append(walks, walk(&reference{gpu.NewLayout(gpu.DefaultRules()), newGen(seed, 50).events(n)}))
 		t0, t1 = min(t0, tr.FirstUS), max(t1, tr.LastUS)
+	}
+	check := func(what string, u Usage, w *walked, series Series, t0, t1 int64, n int) {
+		t.Helper()
+		if len(u.Buckets) == 0 || len(u.Buckets) > n || u.Buckets[0].StartUS > t0 || u.Buckets[len(u.Buckets)-1].StartUS+u.BucketUS <= t1 {
+			t.Fatalf("%s [%d, %d]: %d buckets of %d µs do not cover it", what, t0, t1, len(u.Buckets), u.BucketUS)
+		}
+		want := w.bucketsOf(u)
+		if len(u.Buckets) <= 30 && !reflect.DeepEqual(want, bruteUsage(w.ref, u)) {
+			t.Fatalf("%s: the one-pass walk is not bruteUsage", what)
+		}
+		for j, want := range want {
+			want.Reserved = series.pick(SeriesReserved, want.Reserved)
+			want.Allocated = series.pick(SeriesAllocated, want.Allocated)
+			want.Active = series.pick(SeriesActive, want.Active)
+			if u.Buckets[j] != want {
+				t.Fatalf("%s [%d, %d], series %03b, bucket %d of %d µs:\n got %+v\nwant %+v", what, t0, t1, series, j, u.BucketUS, u.Buckets[j], want)
+			}
+		}
 	}
 	// Whole and part windows, coarse and fine buckets (fine ones decode
 	// the chunks around empty buckets), in one batch and in batches of 2.
@@ -233,24 +255,21 @@ func testUsagesOfARun(t *testing.T) {
 		inBatch = batch
 		for _, w := range []struct{ t0, t1 int64 }{{t0, t1}, {mid, t1}, {mid - 200, mid + 300}, {t1 + 10, t1 + 50}} {
 			for _, n := range []int{30, 3000} {
-				got, err := db.Usages(ids, w.t0, w.t1, n, SeriesAllocated)
-				if err != nil {
-					t.Fatal(err)
-				}
-				for i, id := range ids {
-					want, err := db.Usage(id, w.t0, w.t1, n)
+				for _, series := range []Series{SeriesAllocated, SeriesReserved | SeriesActive} {
+					got, err := db.Usages(ids, w.t0, w.t1, n, series)
 					if err != nil {
 						t.Fatal(err)
 					}
-					if got[i].BucketUS != want.BucketUS || len(got[i].Buckets) != len(want.Buckets) {
-						t.Fatalf("trace %d: %d buckets of %d µs, want %d of %d", i, len(got[i].Buckets), got[i].BucketUS, len(want.Buckets), want.BucketUS)
+					for i := range ids {
+						check(fmt.Sprintf("Usages, trace %d", i), got[i], walks[i], series, w.t0, w.t1, n)
 					}
-					for j, b := range got[i].Buckets {
-						w := want.Buckets[j]
-						if b.StartUS != w.StartUS || b.Events != w.Events || b.Allocated != w.Allocated || b.Reserved != (Range{}) || b.Active != (Range{}) {
-							t.Fatalf("trace %d bucket %d: %+v, want allocated of %+v", i, j, b, w)
-						}
+				}
+				for i, id := range ids {
+					u, err := db.Usage(id, w.t0, w.t1, n)
+					if err != nil {
+						t.Fatal(err)
 					}
+					check(fmt.Sprintf("Usage, trace %d", i), u, walks[i], AllSeries, w.t0, w.t1, n)
 				}
 			}
 		}
@@ -258,6 +277,46 @@ func testUsagesOfARun(t *testing.T) {
 	if _, err := db.Usages(append(ids, "nonesuch"), t0, t1, 300, AllSeries); !errors.Is(err, ErrNotFound) {
 		t.Errorf("a missing trace: %v", err)
 	}
+}
+
+// walked is a trace's events and its totals before the first and after
+// each, found by applying them to a layout one by one.
+type walked struct {
+	ref    *reference
+	evs    []gpu.Event
+	before gpu.Totals
+	after  []gpu.Totals
+}
+
+func walk(ref *reference) *walked {
+	before, after := ref.totals()
+	return &walked{ref, ref.evs, before, after}
+}
+
+// bucketsOf is what bruteUsage gives, in one pass over the events (the
+// buckets ascend): each bucket's events, and the least and greatest
+// totals from those entering it to those after each of its events.
+func (w *walked) bucketsOf(u Usage) []UsageBucket {
+	out := make([]UsageBucket, len(u.Buckets))
+	carry, j := w.before, 0
+	for i, b := range u.Buckets {
+		for j < len(w.evs) && w.evs[j].TimeUS < b.StartUS {
+			carry = w.after[j]
+			j++
+		}
+		lo, hi := carry, carry
+		var n int64
+		for ; j < len(w.evs) && w.evs[j].TimeUS < b.StartUS+u.BucketUS; j++ {
+			a := w.after[j]
+			lo = gpu.Totals{Reserved: min(lo.Reserved, a.Reserved), Allocated: min(lo.Allocated, a.Allocated), Active: min(lo.Active, a.Active)}
+			hi = gpu.Totals{Reserved: max(hi.Reserved, a.Reserved), Allocated: max(hi.Allocated, a.Allocated), Active: max(hi.Active, a.Active)}
+			carry = a
+			n++
+		}
+		out[i] = UsageBucket{StartUS: b.StartUS, Events: n, Reserved: Range{lo.Reserved, hi.Reserved},
+			Allocated: Range{lo.Allocated, hi.Allocated}, Active: Range{lo.Active, hi.Active}}
+	}
+	return out
 }
 
 // A run's heatmap: a row per trace in rank order, each bucket the

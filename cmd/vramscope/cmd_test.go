@@ -188,7 +188,7 @@ func TestWhatIfJSON(t *testing.T) {
 		!strings.Contains(out, "MEMORY NEEDED") || !strings.Contains(out, "with expandable_segments:True (as a per-process limit). Replayed on the recorded device of 4.00 GiB.") {
 		t.Errorf("text:\n%s", out)
 	}
-	code, out, errs = runCmd("whatif", filepath.Join("..", "..", "..", "shared", "testdata", "pytorch", "oom_nonexpandable.json"))
+	code, out, errs = runCmd("whatif", testkit.Snapshot(t, "oom_nonexpandable.json"))
 	if code != 0 || !strings.Contains(out, "[original]") || !strings.Contains(out, "expandable_segments:True") ||
 		!strings.Contains(out, "capacity 21.94 GiB, inferred from the OOM at event 1117") {
 		t.Errorf("snapshot whatif: exit %d %s\n%s", code, errs, out)

@@ -6,13 +6,16 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
-	"vramscope/incident"
+	"time"
 
+	"vramscope/incident"
 	"vramscope/internal/testkit"
+	"vramscope/replay"
 	"vramscope/server"
 	"vramscope/store"
 	"vramscope/tracer"
@@ -41,29 +44,15 @@ func compareDB(t *testing.T) (path, with, without string) {
 	return path, with, without
 }
 
-// compare --json prints what GET /api/compare answers, field for field;
-// the table's first row at A's peak is the attention probabilities that
-// checkpointing drops.
+// compare --json prints what GET /api/compare answers, field for field,
+// each finding the memory the traces need on its own (two copies of the
+// database, no what-if stored in either), as the what-if replays called
+// directly find it; the table's first row at A's peak is the attention
+// probabilities that checkpointing drops.
 func TestCompareJSONIsTheAPIs(t *testing.T) {
 	path, with, without := compareDB(t)
-	// The what-if tables first: once done they are the database's, and
-	// the CLI and the API answer from them alike.
-	db, err := store.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	jobs := incident.NewJobs(db, 2, make(chan struct{}, 1))
-	for _, id := range []string{with, without} {
-		tr, err := db.Trace(id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		j := jobs.WhatIf(id, tr.LastSeq)
-		if <-j.Done; j.Err != nil {
-			t.Fatal(j.Err)
-		}
-	}
-	db.Close()
+	apiPath := filepath.Join(t.TempDir(), "api.db")
+	copyFile(t, path, apiPath)
 	code, out, errs := runCmd("compare", "--db", path, "--json", "--align", "step", with, without)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
@@ -73,32 +62,61 @@ func TestCompareJSONIsTheAPIs(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	db, err = store.Open(path)
+	db, err := store.Open(apiPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).Handler())
 	defer srv.Close()
-	res, err := http.Get(srv.URL + "/api/compare/" + with + "/" + without + "?align=step")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
+	// The API starts the what-if replays and answers "running" until
+	// they are done.
 	var api map[string]any
-	if err := json.NewDecoder(res.Body).Decode(&api); err != nil || res.StatusCode != http.StatusOK {
-		t.Fatalf("API: %d %v", res.StatusCode, err)
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		res, err := http.Get(srv.URL + "/api/compare/" + with + "/" + without + "?align=step")
+		if err != nil {
+			t.Fatal(err)
+		}
+		api = nil
+		err = json.NewDecoder(res.Body).Decode(&api)
+		res.Body.Close()
+		if err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("API: %d %v", res.StatusCode, err)
+		}
+		if neededStatus(api, "a") == "done" && neededStatus(api, "b") == "done" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the API's what-ifs did not end: %v, %v", api["a"], api["b"])
+		}
+	}
+	// Each answers once its replays under the recorded settings are done
+	// (the other settings' may still run): their sentences may differ,
+	// not the bytes, which are what the what-if replays of the trace find
+	// when called directly, outside the jobs that store them.
+	for i, side := range []string{"a", "b"} {
+		rec, err := db.Recording([]string{with, without}[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs := replay.FromRecording(rec)
+		rs.Use(0, replay.DefaultCapacity)
+		_, rows, err := incident.WhatIfs(rs, nil, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, a := cli[side].(map[string]any)["needed"].(map[string]any), api[side].(map[string]any)["needed"].(map[string]any)
+		if c["status"] != "done" || c["bytes"] != a["bytes"] || a["bytes"] != float64(rows[0].CapacityNeeded) {
+			t.Errorf("%s needs %d B, found by replaying it; CLI %v, API %v", side, rows[0].CapacityNeeded, c, a)
+		}
+		delete(c, "text")
+		delete(a, "text")
 	}
 	if !reflect.DeepEqual(cli, api) {
 		for k := range api {
 			if !reflect.DeepEqual(cli[k], api[k]) {
 				t.Errorf("%s differs:\nCLI %v\nAPI %v", k, cli[k], api[k])
 			}
-		}
-	}
-	for _, s := range []string{"a", "b"} {
-		if n := api[s].(map[string]any)["needed"].(map[string]any); n["status"] != "done" {
-			t.Errorf("%s: memory needed %v", s, n)
 		}
 	}
 
@@ -115,6 +133,25 @@ func TestCompareJSONIsTheAPIs(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in\n%s", want, out)
 		}
+	}
+}
+
+// neededStatus is the status of a compare answer's memory needed of side.
+func neededStatus(res map[string]any, side string) any {
+	s, _ := res[side].(map[string]any)
+	n, _ := s["needed"].(map[string]any)
+	return n["status"]
+}
+
+// copyFile copies a closed SQLite database.
+func copyFile(t *testing.T, from, to string) {
+	t.Helper()
+	b, err := os.ReadFile(from)
+	if err == nil {
+		err = os.WriteFile(to, b, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/cuda"
+	"vramscope/internal/testkit/need"
 	"vramscope/store"
 )
 
@@ -23,10 +24,7 @@ import (
 // cuMemMap per page the segment_map events cover (20 MiB large, 2 MiB
 // small) and one cuMemSetAccess per segment_map.
 func TestTraceDriverCalls(t *testing.T) {
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Fatal("no C compiler to build the fake driver")
-	}
+	cc := need.Program(t, "cc")
 	dir := t.TempDir()
 	lib := filepath.Join(dir, "libcuda.so.1")
 	if out, err := exec.Command(cc, "-shared", "-fPIC", "-Wall", "-Werror", "-o", lib, "../../gpu/cuda/testdata/fakecuda.c").CombinedOutput(); err != nil {

@@ -13,13 +13,12 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/ingest"
+	"vramscope/internal/testkit"
 	"vramscope/store"
 )
 
-var testdata = filepath.Join("..", "..", "..", "shared", "testdata", "pytorch")
-
 func TestImportJSONFigures(t *testing.T) {
-	code, out, errs := runCmd("import", filepath.Join(testdata, "expandable_oom_multigpu.pickle"), "--dry-run", "--json")
+	code, out, errs := runCmd("import", testkit.Snapshot(t, "expandable_oom_multigpu.pickle"), "--dry-run", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -49,7 +48,7 @@ func TestImportJSONFigures(t *testing.T) {
 
 func TestImportStoresTraces(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "i.db")
-	code, out, errs := runCmd("import", filepath.Join(testdata, "oom_nonexpandable.json"), "--db", db, "--name", "run 7")
+	code, out, errs := runCmd("import", testkit.Snapshot(t, "oom_nonexpandable.json"), "--db", db, "--name", "run 7")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -81,7 +80,7 @@ func TestImportStoresTraces(t *testing.T) {
 // for its files, and puts the one before back when done.
 func TestImportLimitsMemory(t *testing.T) {
 	defer debug.SetMemoryLimit(debug.SetMemoryLimit(math.MaxInt64))
-	path := filepath.Join(testdata, "oom_nonexpandable.json")
+	path := testkit.Snapshot(t, "oom_nonexpandable.json")
 	undo := limitMemory([]string{path})
 	if got, want := debug.SetMemoryLimit(-1), ingest.MemoryLimit([]string{path}); got != want || want <= 0 {
 		t.Errorf("memory limit %d while importing, want %d", got, want)
@@ -113,7 +112,7 @@ func TestImportRefusesHostileFile(t *testing.T) {
 		}
 	}
 	trunc := filepath.Join(dir, "t.pickle")
-	data, _ := os.ReadFile(filepath.Join(testdata, "two_gpus_expandable_state_only.pickle"))
+	data, _ := os.ReadFile(testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"))
 	os.WriteFile(trunc, data[:len(data)/2], 0o644)
 	if code, _, errs := runCmd("import", trunc, "--dry-run"); code != 2 || !strings.Contains(errs, "byte offset") {
 		t.Errorf("truncated: exit %d: %s", code, errs)
@@ -147,7 +146,7 @@ func TestImportRefusesBadSettings(t *testing.T) {
 // A tar (of a run's snapshots) given as one snapshot is named as such,
 // not by its first bytes; import --run reads it (TestImportRun).
 func TestImportNamesATar(t *testing.T) {
-	data, err := os.ReadFile(filepath.Join(testdata, "two_gpus_expandable_state_only.pickle"))
+	data, err := os.ReadFile(testkit.Snapshot(t, "two_gpus_expandable_state_only.pickle"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +176,7 @@ func tarOf(t *testing.T, member string, data []byte) string {
 func TestReplaySnapshot(t *testing.T) {
 	// The snapshot's request stream on a device as large as the real one
 	// (22.57 GB reserved + 264 MB free at the OOM) runs out again.
-	code, out, errs := runCmd("replay", filepath.Join(testdata, "oom_nonexpandable.json"), "--capacity", "22836281344", "--json")
+	code, out, errs := runCmd("replay", testkit.Snapshot(t, "oom_nonexpandable.json"), "--capacity", "22836281344", "--json")
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errs)
 	}
@@ -195,7 +194,7 @@ func TestReplaySnapshot(t *testing.T) {
 // pick from; so is a device the snapshot does not list.
 func TestImportAndReplayRefuseAnEmptyDevice(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "e.db")
-	multi := filepath.Join(testdata, "expandable_oom_multigpu.pickle")
+	multi := testkit.Snapshot(t, "expandable_oom_multigpu.pickle")
 	for _, c := range []struct {
 		args []string
 		want string
@@ -203,7 +202,7 @@ func TestImportAndReplayRefuseAnEmptyDevice(t *testing.T) {
 		{[]string{"import", multi, "--device", "3", "--db", db}, "the snapshot's device 3 holds no segments and no trace events (devices that do: 0, 1, 2)"},
 		{[]string{"replay", multi, "--device", "3", "--db", db}, "the snapshot's device 3 holds no segments and no trace events (devices that do: 0, 1, 2)"},
 		{[]string{"import", multi, "--device", "7", "--db", db}, "the snapshot has no device 7 (devices with segments or trace events: 0, 1, 2)"},
-		{[]string{"import", filepath.Join(testdata, "segments_list_only.pkl"), "--device", "0", "--db", db}, "the snapshot has no device 0 (devices with segments or trace events: 1)"},
+		{[]string{"import", testkit.Snapshot(t, "segments_list_only.pkl"), "--device", "0", "--db", db}, "the snapshot has no device 0 (devices with segments or trace events: 1)"},
 	} {
 		code, _, errs := runCmd(c.args...)
 		if code != 2 || !strings.Contains(errs, c.want) {
@@ -222,9 +221,9 @@ func TestImportAndReplayRefuseAnEmptyDevice(t *testing.T) {
 // import - reads the snapshot from standard input, so that export -o -
 // pipes into it; the trace is named "stdin" unless --name says otherwise.
 func TestImportFromStandardInput(t *testing.T) {
-	f, err := os.Open(filepath.Join(testdata, "windows_paths_small.pickle"))
+	f, err := os.Open(testkit.Snapshot(t, "windows_paths_small.pickle"))
 	if err != nil {
-		t.Skip(err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	stdin := os.Stdin

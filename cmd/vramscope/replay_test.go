@@ -16,14 +16,12 @@ import (
 	"vramscope/store"
 )
 
-var realSnapshots = filepath.Join("..", "..", "..", "shared", "testdata", "pytorch")
-
 // snapshotTrace decodes a real snapshot's device trace (-1: the one replay picks).
 func snapshotTrace(t *testing.T, file string, device int) *pytorch.Trace {
 	t.Helper()
-	f, err := os.Open(filepath.Join(realSnapshots, file))
+	f, err := os.Open(testkit.Snapshot(t, file))
 	if err != nil {
-		t.Skipf("%s: %v", file, err)
+		t.Fatal(err)
 	}
 	defer f.Close()
 	tr, _, err := decodeSnapshotDevice(f, device)
@@ -84,7 +82,7 @@ func TestReplaySnapshotEndsInItsSegments(t *testing.T) {
 		{"expandable_oom_multigpu.pickle", "2", "capacity 79.17 GiB"},
 	} {
 		dev := -1
-		args := []string{"replay", filepath.Join(realSnapshots, c.file)}
+		args := []string{"replay", testkit.Snapshot(t, c.file)}
 		if c.device != "" {
 			fmt.Sscan(c.device, &dev)
 			args = append(args, "--device", c.device)
@@ -116,7 +114,7 @@ func TestReplaySnapshotEndsInItsSegments(t *testing.T) {
 // --alloc-conf sets its keys on top of the recorded settings; --capacity
 // overrides what the recording implies, and says so.
 func TestReplayOverrides(t *testing.T) {
-	file := filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle")
+	file := testkit.Snapshot(t, "expandable_oom_multigpu.pickle")
 	code, out, errs := runCmd("replay", file, "--device", "1", "--alloc-conf", "max_split_size_mb:128", "--capacity", "100GiB")
 	if code != 0 {
 		t.Fatalf("exit %d %s", code, errs)
@@ -142,7 +140,7 @@ func TestReplayOverrides(t *testing.T) {
 func TestTraceWorkloadReplay(t *testing.T) {
 	want := snapshotTrace(t, "no_time_us_segment_churn.pickle", -1)
 	db := filepath.Join(t.TempDir(), "r.db")
-	code, out, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"), "--db", db, "--quiet")
+	code, out, errs := runCmd("trace", "--workload", "replay", testkit.Snapshot(t, "no_time_us_segment_churn.pickle"), "--db", db, "--quiet")
 	if code != 0 || !strings.Contains(errs, "capacity 21.01 GiB, inferred from 39 retries") {
 		t.Fatalf("exit %d %s\n%s", code, errs, out)
 	}
@@ -169,7 +167,7 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	}
 	sameReplay(t, s, tr.ID, want)
 	// A stored trace replays as its file does, with its stacks.
-	if code, _, errs := runCmd("import", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"), "--db", db, "--name", "imported"); code != 0 {
+	if code, _, errs := runCmd("import", testkit.Snapshot(t, "no_time_us_segment_churn.pickle"), "--db", db, "--name", "imported"); code != 0 {
 		t.Fatal(errs)
 	}
 	imported, _ := s.Traces()
@@ -181,14 +179,14 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	sameReplay(t, s, again[0].ID, want)
 	// Half the blocks live before this one's trace have frames.
 	framed := snapshotTrace(t, "training_22k_user_metadata.pickle", -1)
-	if code, _, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "training_22k_user_metadata.pickle"), "--db", db, "--quiet"); code != 0 {
+	if code, _, errs := runCmd("trace", "--workload", "replay", testkit.Snapshot(t, "training_22k_user_metadata.pickle"), "--db", db, "--quiet"); code != 0 {
 		t.Fatalf("exit %d %s", code, errs)
 	}
 	again, _ = s.Traces()
 	sameReplay(t, s, again[0].ID, framed)
 	// This one's 714 annotations (compile and autotuning regions) hold for its replay.
 	annotated := snapshotTrace(t, "uint64_line_annotations.pickle", -1)
-	if code, _, errs := runCmd("trace", "--workload", "replay", filepath.Join(realSnapshots, "uint64_line_annotations.pickle"), "--db", db, "--quiet"); code != 0 {
+	if code, _, errs := runCmd("trace", "--workload", "replay", testkit.Snapshot(t, "uint64_line_annotations.pickle"), "--db", db, "--quiet"); code != 0 {
 		t.Fatalf("exit %d %s", code, errs)
 	}
 	again, _ = s.Traces()
@@ -199,7 +197,7 @@ func TestTraceWorkloadReplay(t *testing.T) {
 	// --device N picks a snapshot's device: device 1 of the multi-GPU file
 	// ran out of memory, and so does its replay, at the same event.
 	one := snapshotTrace(t, "expandable_oom_multigpu.pickle", 1)
-	code, out, errs = runCmd("trace", "--workload", "replay", "--device", "1", filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle"), "--db", db, "--quiet")
+	code, out, errs = runCmd("trace", "--workload", "replay", "--device", "1", testkit.Snapshot(t, "expandable_oom_multigpu.pickle"), "--db", db, "--quiet")
 	if code != 0 || !strings.Contains(out, "OOM: CUDA out of memory. Tried to allocate 4.95 GiB") {
 		t.Fatalf("--device 1: exit %d %s\n%s", code, errs, out)
 	}
@@ -267,7 +265,7 @@ func sameReplay(t *testing.T, s *store.DB, id string, want *pytorch.Trace) {
 // A snapshot imported into the store replays from the store as it does
 // from its file.
 func TestReplayImportedSnapshot(t *testing.T) {
-	file := filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle")
+	file := testkit.Snapshot(t, "no_time_us_segment_churn.pickle")
 	want := snapshotTrace(t, "no_time_us_segment_churn.pickle", -1)
 	db := filepath.Join(t.TempDir(), "i.db")
 	if code, _, errs := runCmd("import", file, "--db", db); code != 0 {
@@ -366,10 +364,7 @@ func TestReplayStatsLeaveOutTheStartingLayout(t *testing.T) {
 		{"training_22k_user_metadata.pickle", 0, 0},
 		{"oom_nonexpandable.json", 0, 0},
 	} {
-		file := filepath.Join(realSnapshots, c.file)
-		if _, err := os.Stat(file); err != nil {
-			t.Skip(err)
-		}
+		file := testkit.Snapshot(t, c.file)
 		if c.peakAlloc == 0 {
 			db := filepath.Join(t.TempDir(), "i.db")
 			tr := storedTrace(t, db, importJSON(t, file, db)[0])
@@ -401,10 +396,7 @@ func TestReplayStatsLeaveOutTheStartingLayout(t *testing.T) {
 // that ran out of memory (as an upload opens on it), say so, and name it
 // as PyTorch does ("GPU 1"), from the file as from the stored trace.
 func TestReplayPicksAndNamesTheOOMDevice(t *testing.T) {
-	file := filepath.Join(realSnapshots, "expandable_oom_multigpu.pickle")
-	if _, err := os.Stat(file); err != nil {
-		t.Skip(err)
-	}
+	file := testkit.Snapshot(t, "expandable_oom_multigpu.pickle")
 	code, out, errs := runCmd("whatif", file)
 	if code != 0 {
 		t.Fatalf("whatif: exit %d %s", code, errs)
@@ -432,7 +424,7 @@ func TestReplayPicksAndNamesTheOOMDevice(t *testing.T) {
 // silently ignored.
 func TestReplayDeviceOfATraceOrLog(t *testing.T) {
 	db := filepath.Join(t.TempDir(), "d.db")
-	ids := importJSON(t, filepath.Join(realSnapshots, "oom_nonexpandable.json"), db)
+	ids := importJSON(t, testkit.Snapshot(t, "oom_nonexpandable.json"), db)
 	log := scenarioDLog(t)
 	for _, c := range []struct {
 		args []string
@@ -456,7 +448,7 @@ func TestReplayDeviceOfATraceOrLog(t *testing.T) {
 // the starting layout of a real snapshot too large for its device) shows
 // no counts it did not make: no "0" OOMs, no "0 B" peak, and says why.
 func TestWhatIfRowOfAReplayThatStopped(t *testing.T) {
-	code, out, errs := runCmd("whatif", filepath.Join(realSnapshots, "no_time_us_segment_churn.pickle"))
+	code, out, errs := runCmd("whatif", testkit.Snapshot(t, "no_time_us_segment_churn.pickle"))
 	if code != 0 {
 		t.Fatalf("exit %d %s", code, errs)
 	}

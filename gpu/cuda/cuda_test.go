@@ -21,6 +21,7 @@ import (
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
+	"vramscope/internal/testkit/need"
 )
 
 const mib = 1 << 20
@@ -424,12 +425,9 @@ func TestFakeDriver(t *testing.T) {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(src); err != nil {
-		t.Skipf("no fake driver source: %v", err)
+		t.Fatal(err)
 	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("no C compiler")
-	}
+	cc := need.Program(t, "cc")
 	lib := filepath.Join(t.TempDir(), "libcuda.so.1")
 	if out, err := exec.Command(cc, "-shared", "-fPIC", "-Wall", "-Werror", "-o", lib, src).CombinedOutput(); err != nil {
 		t.Fatalf("building the fake driver: %v\n%s", err, out)

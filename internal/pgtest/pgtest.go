@@ -2,7 +2,7 @@
 // Debian packages (postgresql-15), in temporary folders: one server shared
 // by a test binary, with a fresh database per test, or a server of a
 // test's own to stop and start. Without PostgreSQL the tests that need it
-// are skipped, unless CI=true, where they fail.
+// are skipped, unless CI=true, where they fail (need.Missing).
 package pgtest
 
 import (
@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"vramscope/internal/testkit/need"
 )
 
 // Server is one running PostgreSQL, listening on a Unix socket in its folder.
@@ -55,10 +57,7 @@ func bindir() (string, error) {
 // unavailable skips t, or fails it on CI.
 func unavailable(t testing.TB, err error) {
 	t.Helper()
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("PostgreSQL is needed on CI: %v", err)
-	}
-	t.Skipf("no PostgreSQL: %v", err)
+	need.Missing(t, "PostgreSQL: %v", err)
 }
 
 // Start starts a server of t's own, stopped when t ends.

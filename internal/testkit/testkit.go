@@ -21,33 +21,33 @@ import (
 	"vramscope/gpu/caching"
 	"vramscope/gpu/sim"
 	"vramscope/internal/pgtest"
+	"vramscope/internal/testkit/need"
 	"vramscope/replay"
 	"vramscope/store"
 	"vramscope/tracer"
 )
 
-// Snapshot is the path of a real PyTorch snapshot of shared/testdata/pytorch
-// (../../shared beside a package of this checkout, ../shared beside the
-// clone in CI). The test is skipped where they are missing, and fails in CI.
+// Snapshot is the path of a real snapshot of the older set
+// (shared/testdata/pytorch); where it is missing the test fails under
+// CI=true and is skipped elsewhere, naming it (need.SnapshotOf).
 func Snapshot(tb testing.TB, name string) string {
 	tb.Helper()
-	return SnapshotOf(tb, "pytorch", name)
+	return need.SnapshotOf(tb, "pytorch", name)
 }
 
-// SnapshotOf is Snapshot in the real set shared/testdata/set (pytorch-2.11:
-// today's PyTorch on a real GPU).
+// SnapshotOf is Snapshot in the real set shared/testdata/set
+// (pytorch-2.11: today's PyTorch on a real GPU).
 func SnapshotOf(tb testing.TB, set, name string) string {
 	tb.Helper()
-	for _, dir := range []string{"../../shared/testdata/", "../shared/testdata/", "../../../shared/testdata/"} {
-		if _, err := os.Stat(filepath.Join(dir, set, "PROVENANCE.md")); err == nil {
-			return filepath.Join(dir, set, name)
-		}
-	}
-	if os.Getenv("CI") == "true" {
-		tb.Fatalf("the real snapshots (shared/testdata/%s) are missing", set)
-	}
-	tb.Skipf("the real snapshots (shared/testdata/%s) are not here", set)
-	return ""
+	return need.SnapshotOf(tb, set, name)
+}
+
+// RealFiles is every snapshot of the real set (need.RealFiles): a test
+// of every real file iterates over it, so that a file added to the set is
+// covered without editing the test.
+func RealFiles(tb testing.TB, set string) []string {
+	tb.Helper()
+	return need.RealFiles(tb, set)
 }
 
 // Recordings lists every real recording of shared/testdata/set: the
@@ -185,16 +185,11 @@ func record(tb testing.TB, db *store.DB, name, upload string, w tracer.Workload,
 
 // Python3 runs a python3 script with the standard library, its arguments
 // after it, and returns what it prints. Without python3 the test fails in
-// CI and is skipped elsewhere.
+// CI and is skipped elsewhere (need.Missing).
 func Python3(tb testing.TB, script string, args ...string) []byte {
 	tb.Helper()
-	if _, err := exec.LookPath("python3"); err != nil {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("python3 is needed for this test")
-		}
-		tb.Skip("python3 is not installed")
-	}
-	cmd := exec.Command("python3", append([]string{"-c", script}, args...)...)
+	py := need.Program(tb, "python3")
+	cmd := exec.Command(py, append([]string{"-c", script}, args...)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -285,19 +280,17 @@ func RMMLog(reqs []replay.Request) string {
 // SyntheticSnapshot returns a synthetic PyTorch snapshot of about events
 // trace entries (450k make ~100 MB), made once with python3
 // (pytorch/testdata/gen_synthetic.py) and kept in the temp dir, never
-// committed. The test is skipped without python3.
+// committed. Without python3 the test fails in CI and is skipped elsewhere.
 func SyntheticSnapshot(tb testing.TB, events int) string {
 	tb.Helper()
 	path := filepath.Join(os.TempDir(), fmt.Sprintf("vramscope-synthetic-%d.pickle", events))
 	if _, err := os.Stat(path); err == nil {
 		return path
 	}
-	if _, err := exec.LookPath("python3"); err != nil {
-		tb.Skip("python3 is needed to make the synthetic snapshot")
-	}
+	py := need.Program(tb, "python3")
 	_, here, _, _ := runtime.Caller(0)
 	gen := filepath.Join(filepath.Dir(here), "..", "..", "pytorch", "testdata", "gen_synthetic.py")
-	out, err := exec.Command("python3", gen, path+".tmp", strconv.Itoa(events)).CombinedOutput()
+	out, err := exec.Command(py, gen, path+".tmp", strconv.Itoa(events)).CombinedOutput()
 	if err != nil {
 		tb.Fatalf("gen_synthetic.py: %v\n%s", err, out)
 	}

@@ -8,7 +8,7 @@ values, ==), "diffs" (paths where the values differ, at most 20) and
 "order" (paths of dicts whose keys come in another order, at most 20).
 Pickles that name a global (to import or call code) are refused.
 """
-import io, json, pickle, sys
+import gzip, io, json, pickle, sys
 
 class DataOnly(pickle.Unpickler):
     """Refuses every global, so nothing can be imported or called (the
@@ -20,6 +20,8 @@ class DataOnly(pickle.Unpickler):
 
 def load(path):
     data = open(path, "rb").read()
+    if data[:2] == b"\x1f\x8b":
+        data = gzip.decompress(data)
     if data[:1] in (b"{", b"["):
         return json.loads(data)
     return DataOnly(io.BytesIO(data)).load()
@@ -36,6 +38,8 @@ def only_device(s, n):
 
 
 def walk(a, b, path, diffs, order, seen):
+    # path is (parent's path, key), spelled out (where) only for a
+    # difference: a snapshot has millions of values.
     if len(diffs) >= 20:
         return
     if isinstance(a, (dict, list, tuple)):
@@ -44,25 +48,33 @@ def walk(a, b, path, diffs, order, seen):
             return
         seen.add((id(a), id(b)))
     if type(a) is not type(b):
-        diffs.append("%s: %s %s, then %s %s" % (path, type(a).__name__, short(a), type(b).__name__, short(b)))
+        diffs.append("%s: %s %s, then %s %s" % (where(path), type(a).__name__, short(a), type(b).__name__, short(b)))
     elif isinstance(a, dict):
         if list(a) != list(b) and set(a) == set(b) and len(order) < 20:
-            order.append("%s: %s, then %s" % (path, list(a), list(b)))
+            order.append("%s: %s, then %s" % (where(path), list(a), list(b)))
         for k in a:
             if k not in b:
-                diffs.append("%s: key %r missing" % (path, k))
+                diffs.append("%s: key %r missing" % (where(path), k))
             else:
-                walk(a[k], b[k], "%s[%r]" % (path, k), diffs, order, seen)
+                walk(a[k], b[k], (path, repr(k)), diffs, order, seen)
         for k in b:
             if k not in a:
-                diffs.append("%s: key %r added (%s)" % (path, k, short(b[k])))
+                diffs.append("%s: key %r added (%s)" % (where(path), k, short(b[k])))
     elif isinstance(a, (list, tuple)):
         if len(a) != len(b):
-            diffs.append("%s: %d items, then %d" % (path, len(a), len(b)))
+            diffs.append("%s: %d items, then %d" % (where(path), len(a), len(b)))
         for i, (x, y) in enumerate(zip(a, b)):
-            walk(x, y, "%s[%d]" % (path, i), diffs, order, seen)
+            walk(x, y, (path, i), diffs, order, seen)
     elif a != b:
-        diffs.append("%s: %s, then %s" % (path, short(a), short(b)))
+        diffs.append("%s: %s, then %s" % (where(path), short(a), short(b)))
+
+
+def where(path):
+    keys = []
+    while path:
+        path, k = path
+        keys.append("[%s]" % k)
+    return "".join(reversed(keys))
 
 
 def short(v):
@@ -78,6 +90,6 @@ for orig, copy in zip(args[::2], args[1::2]):
     if device:
         a = only_device(a, int(device))
     diffs, order = [], []
-    walk(a, b, "", diffs, order, set())
+    walk(a, b, (), diffs, order, set())
     out[copy] = {"equal": a == b, "diffs": diffs, "order": order}
 json.dump(out, sys.stdout, indent=1)
