@@ -56,7 +56,7 @@ func TestBrowserNoGreyTimeline(t *testing.T) {
 	db := testkit.OpenDB(t)
 	var traces []gpu.Trace
 	for _, set := range []string{"pytorch", "pytorch-2.11"} {
-		for _, path := range testkit.Recordings(t, set) {
+		for _, path := range testkit.RealFiles(t, set) {
 			traces = append(traces, importFile(t, db, path)...)
 		}
 	}

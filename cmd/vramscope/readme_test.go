@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"vramscope/internal/testkit"
+	"vramscope/internal/testkit/need"
 )
 
 // The README's two minutes, as a newcomer runs them: in a fresh clone of
@@ -27,13 +28,7 @@ func TestReadmeTwoMinutes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("clones the repository and builds vramscope")
 	}
-	gitPath, err := exec.LookPath("git")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("git is needed to clone the repository")
-		}
-		t.Skip("git is needed to clone the repository")
-	}
+	gitPath := need.Program(t, "git")
 	snap, err := filepath.Abs(testkit.Snapshot(t, "settings_no_annotations.pickle"))
 	if err != nil {
 		t.Fatal(err)

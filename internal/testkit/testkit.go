@@ -50,44 +50,6 @@ func RealFiles(tb testing.TB, set string) []string {
 	return need.RealFiles(tb, set)
 }
 
-// Recordings lists every real recording of shared/testdata/set: the
-// snapshot files, without the notes, scripts and the figures a run
-// measured (pytorch-2.11's X.json beside X.pickle, X_oom.pickle or
-// X.pickle.gz). Missing data skips as SnapshotOf does, or fails in CI.
-func Recordings(tb testing.TB, set string) []string {
-	tb.Helper()
-	dir := filepath.Dir(SnapshotOf(tb, set, "PROVENANCE.md"))
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	stems := map[string]bool{}
-	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, ".json") && !strings.HasSuffix(name, ".md") && !strings.HasSuffix(name, ".py") {
-			stem, _, _ := strings.Cut(name, ".")
-			stems[stem] = true
-			if i := strings.LastIndexByte(stem, '_'); i > 0 {
-				stems[stem[:i]] = true
-			}
-		}
-	}
-	var out []string
-	for _, e := range entries {
-		name := e.Name()
-		switch {
-		case e.IsDir(), strings.HasSuffix(name, ".md"), strings.HasSuffix(name, ".py"):
-		case strings.HasSuffix(name, ".json") && stems[strings.TrimSuffix(name, ".json")]:
-		default:
-			out = append(out, filepath.Join(dir, name))
-		}
-	}
-	if len(out) == 0 {
-		tb.Fatalf("no recordings in %s", dir)
-	}
-	return out
-}
-
 // MiB is 2^20 bytes.
 const MiB = 1 << 20
 
@@ -215,10 +177,7 @@ func TorchPython(tb testing.TB) string {
 		}
 	})
 	if torchPython == "" {
-		if os.Getenv("CI") == "true" {
-			tb.Fatal("a Python that imports torch is needed (apt-get install python3-torch)")
-		}
-		tb.Skip("no Python here imports torch")
+		need.Missing(tb, "a Python that imports torch (apt-get install python3-torch)")
 	}
 	return torchPython
 }
