@@ -155,6 +155,7 @@ p = torch.cuda.get_device_properties(0)
 print("%s, %d B, PyTorch %s, CUDA %s" % (p.name, p.total_memory, torch.__version__, torch.version.cuda))
 EOF
 ) || die 2 "no CUDA GPU here: $python: ${device##*$'\n'}. These checks run on a machine with one; prepare them here with --prepare."
+device=${device##*$'\n'} # the last line: what it printed before (a warning of PyTorch's) aside
 command -v timeout >/dev/null || die 2 "no timeout (coreutils) to hold each check to its limit"
 
 work=$(mktemp -d)

@@ -158,8 +158,13 @@ def report(m):
              ("_snapshot() of the ring, Python frames", "%.3f s for %s entries: %.2f µs an entry" % (
                  m.get("snapshot_s", 0), g.num(m.get("snapshot_entries", 0)),
                  1e6 * m.get("snapshot_s", 0) / max(m.get("snapshot_entries", 0), 1)))]
+    answer = m.get("server_steps") or {}
+    facts.append(("steps in the trace", "%s (ProfilerStep annotations)" % g.num(answer.get("steps_total", len(steps)))))
     if not m.get("can_complete"):
         facts.append(("steps read whole on request", "n/a: this vramscope_watch has no complete(N)"))
+    elif not steps:
+        facts.append(("steps read whole on request", "asked %d after step %d; n/a: the trace has no steps to be complete"
+                      % (ASK, m["asked_after"])))
     elif not has_flags:
         facts.append(("steps read whole on request", "asked %d after step %d; n/a: the server's steps say nothing of complete"
                       % (ASK, m["asked_after"])))
@@ -171,7 +176,7 @@ def report(m):
             cost = median(inside) - base
             facts.append(("a step read whole costs", "%+.2f ms against alone" % (cost * 1e3)))
     print()
-    g.table(("", ""), facts)
+    g.table(("WATCHED", ""), facts)
 
     failed = []
     if not m.get("trace") or m.get("watch_error"):
