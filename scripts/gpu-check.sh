@@ -24,9 +24,9 @@
 # SHARED holds testdata/pytorch-2.11 (default: $VRAMSCOPE_SHARED, else
 # shared/ or ../shared beside the checkout). The Python is $PYTHON (default
 # python3). Binaries: those in --bin DIR, else built into a temporary
-# folder where go is on PATH, else bin/ (made by --prepare). Status: 0 when every check run passed (or
-# had nothing to check), 1 when one failed or ran out of time, 2 when this
-# machine lacks what the checks need.
+# folder where go is on PATH, else bin/ (made by --prepare). Status: 0 when
+# every check run passed (or had nothing to check), 1 when one failed or
+# ran out of time, 2 when this machine lacks what the checks need.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -92,7 +92,8 @@ gpu-check: ready. On a lent GPU (the device tool's run), one call:
   timeout_s: 560
 It runs about 5 minutes, at most 8 (--budget 480 s and a start-up); the
 table of verdicts comes last, and \$OUT brings back summary.txt, log.txt and
-results.tar.gz. To run one check again: scripts/gpu-check.sh --out "\$OUT" --only NAME
+results.tar.gz. To run one check again while the machine is warm:
+scripts/gpu-check.sh --out "\$OUT" --only NAME; else give it back at once.
 EOF
 }
 
@@ -221,15 +222,14 @@ run_checks() { # prints everything, the table of verdicts last (also into summar
     rc=${PIPESTATUS[0]}
     took[$name]=$((SECONDS - t0))
     line=$(grep '^verdict: ' "$work/$name/output.txt" | tail -1)
-    line=${line#verdict: }
+    summary[$name]=${line#verdict: *: } # "verdict: ok: why": why
     case $rc in
     0) verdict[$name]=ok ;;
     3) verdict[$name]=n/a ;;
-    124 | 137) verdict[$name]=TIMEOUT line="x: stopped after $lim s (the last it printed is above)" ;;
     1) verdict[$name]=FAIL ;;
-    *) verdict[$name]=FAIL line="x: status $rc, ${line:-no verdict printed}" ;;
+    124 | 137) verdict[$name]=TIMEOUT summary[$name]="stopped after $lim s (the last it printed is above)" ;;
+    *) verdict[$name]=FAIL summary[$name]="status $rc, ${summary[$name]:-no verdict printed}" ;;
     esac
-    summary[$name]=${line#*: }
     case ${verdict[$name]} in ok | n/a) ;; *) status=1 ;; esac
   done
   {
@@ -251,6 +251,6 @@ status=${PIPESTATUS[0]}
 # 4 MiB and more stay behind, listed in recordings.txt.
 [ -d "$work/rec" ] && (cd "$work/rec" && ls -l) >"$work/recordings.txt"
 cp "$out/log.txt" "$work/log.txt"
-(cd "$work" && find . -type f ! -path './bin/*' ! -path './out/*' ! -name '*.db*' -size -4M -print0 |
+(cd "$work" && find . -type f ! -path './bin/*' ! -path './out/*' ! -path './rec/fresh/*' ! -name '*.db*' -size -4M -print0 |
   tar -czf "$out/results.tar.gz" --null -T -) || echo "gpu-check: results.tar.gz could not be made" >&2
 exit $status
