@@ -125,15 +125,25 @@ func TestGPUCheckPrepare(t *testing.T) {
 	if _, status := run(t, nil, filepath.Join(dir, "bin", "vramscope"), "fit", "--help"); status != 0 && status != 2 {
 		t.Errorf("bin/vramscope fit --help: status %d", status)
 	}
+	// The recordings go where the device's tests look for them: the
+	// checkout's own shared folder (testkit.SnapshotOf).
+	copied := regexp.MustCompile(`(?m)^gpu-check: copying (\S+) into (\S+)$`).FindStringSubmatch(out)
+	if copied == nil {
+		t.Fatalf("--prepare does not say where the recordings go:\n%s", out)
+	}
+	within, err := filepath.Rel(dir, filepath.Join(copied[2], "pytorch-2.11"))
+	if err != nil || strings.Count(within, string(filepath.Separator)) != 2 || !strings.HasSuffix(within, filepath.Join("testdata", "pytorch-2.11")) {
+		t.Errorf("the recordings go to %s, want a folder of %s holding testdata/pytorch-2.11", copied[2], dir)
+	}
 	entries, err := os.ReadDir(src)
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, e := range entries {
 		a, _ := os.ReadFile(filepath.Join(src, e.Name()))
-		b, err := os.ReadFile(filepath.Join(dir, "shared", "testdata", "pytorch-2.11", e.Name()))
+		b, err := os.ReadFile(filepath.Join(dir, within, e.Name()))
 		if err != nil || string(a) != string(b) {
-			t.Errorf("shared/testdata/pytorch-2.11/%s is not a copy of ../shared's: %v", e.Name(), err)
+			t.Errorf("%s/%s is not a copy of %s's: %v", within, e.Name(), src, err)
 		}
 	}
 	contains(t, "--prepare's output", out, `command:   scripts/gpu-check.sh --out "$OUT"`, `carry:     ["bin", "shared"]`, "timeout_s: 560")
@@ -154,7 +164,7 @@ func TestGPUCheckPrepare(t *testing.T) {
 
 	// bin/ and shared/ of the checkout are ignored: they travel as carried
 	// paths, never committed.
-	if out, status := run(t, nil, "git", "check-ignore", "bin/vramscope", "shared/testdata/pytorch-2.11/record.py"); status != 0 {
+	if out, status := run(t, nil, "git", "check-ignore", "bin/vramscope", filepath.Join(within, "record.py")); status != 0 {
 		t.Errorf("git does not ignore bin/ and shared/ (status %d):\n%s", status, out)
 	}
 
