@@ -83,7 +83,8 @@ def measure(a):
         m["snapshot_s"] = time.perf_counter() - t0
         m["snapshot_entries"] = sum(len(d) for d in snap["device_traces"])
         del snap
-        record.stop_recording()
+        # Stopped and emptied: the watcher starts on a ring of its own, as in a job that never recorded.
+        torch.cuda.memory._record_memory_history(enabled=None, clear_history=True)
 
         w = vramscope_watch.watch(url, name="gpu-check live", out=sys.stdout)
         m["can_complete"] = hasattr(w, "complete")

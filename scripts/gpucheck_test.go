@@ -566,9 +566,6 @@ def train(steps=5, batch=8, step_times=None, on_step=None, **kw):
 
 def clean():
     pass
-
-def stop_recording():
-    torch.cuda.memory._record_memory_history(enabled=None)
 `, standin)
 	if err := os.WriteFile(filepath.Join(rec, "record.py"), []byte(script), 0o644); err != nil {
 		t.Fatal(err)
