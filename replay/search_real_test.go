@@ -92,6 +92,31 @@ func TestFragStreamNeeded(t *testing.T) {
 	if n, err := s.CapacityNeeded(def, Result{}, 0); err != nil || n.Steady != truth.Bisect.Needed || n.Lowest != n.Steady {
 		t.Errorf("default settings: needed %+v (%v), the real allocator %d", n, err, truth.Bisect.Needed)
 	}
+	if dir := os.Getenv(freshEnv); dir != "" {
+		// The same stream bisected again by record.py frag, on another
+		// card or day (scripts/gpu-check.sh): the driver places segments
+		// alike, so each probe runs or fails as there.
+		t.Run("fresh", func(t *testing.T) {
+			fresh := truth
+			fresh.Probes = nil
+			data, err := os.ReadFile(dir + "/frag_default.json")
+			if err == nil {
+				err = json.Unmarshal(data, &fresh)
+			}
+			if err != nil || len(fresh.Probes) == 0 {
+				t.Fatalf("%s/frag_default.json: %v, %d probes", dir, err, len(fresh.Probes))
+			}
+			for _, p := range fresh.Probes {
+				if ok, err := s.fits(def, p.Limit); err != nil || ok != p.OK {
+					t.Errorf("default settings under %d B: runs %v (%v), the real allocator %v", p.Limit, ok, err, p.OK)
+				}
+			}
+			if n, err := s.CapacityNeeded(def, Result{}, 0); err != nil || n.Steady != fresh.Bisect.Needed || n.Lowest != n.Steady {
+				t.Errorf("default settings: needed %+v (%v), the real allocator %d", n, err, fresh.Bisect.Needed)
+			}
+			t.Logf("%d probes as the real allocator's; both need %d B", len(fresh.Probes), fresh.Bisect.Needed)
+		})
+	}
 
 	cfg, err := s.Config("expandable_segments:True")
 	if err != nil {
@@ -107,3 +132,8 @@ func TestFragStreamNeeded(t *testing.T) {
 		t.Errorf("needed %+v (%v)", n, err)
 	}
 }
+
+// freshEnv names a folder of recordings that record.py made on another
+// GPU or day than ../shared's (scripts/gpu-check.sh makes them):
+// TestFragStreamNeeded checks its frag_default.json too.
+const freshEnv = "VRAMSCOPE_FRESH_RECORDINGS"

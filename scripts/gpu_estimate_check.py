@@ -2,14 +2,15 @@
 autocast, AdamW) made with FakeTensorMode on CUDA, against its real
 recording on an H200 (train_default.pickle and .json).
 
-    python3 scripts/gpu_estimate_check.py --vramscope BIN --recordings DIR [--python P] [--work DIR] [--estimate FILE]
+    python3 scripts/gpu_estimate_check.py --vramscope BIN --recordings DIR [--python P] [--work DIR] [--estimate FILE] [--limit S]
 
 Prints a table: the alloc requests (how many, how many in the same order),
 peak allocated (the real allocator's figure against the estimate's replay:
 within 2 %), peak reserved, and memory needed (the what-if's search on the
 real recording and on the estimate: within 5 %); then the sizes only one of
-them asked for, with where. Exit status 1 when a bound is not met.
-Standard library only; run by scripts/gpu-check.sh.
+them asked for, with where; last, its verdict (scripts/gpucheck.py).
+Exit status 1 when a bound is not met. Standard library only; run by
+scripts/gpu-check.sh.
 """
 
 import argparse
@@ -21,6 +22,8 @@ import pickle
 import subprocess
 import sys
 import tempfile
+
+import gpucheck as g
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HELPER = os.path.join(os.path.dirname(HERE), "live", "python")
@@ -56,8 +59,10 @@ def main():
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--work", default=None)
     p.add_argument("--estimate", help="compare this estimate rather than make one")
+    p.add_argument("--limit", type=float, default=0, help="seconds the estimate may take")
     a = p.parse_args()
     work = a.work or tempfile.mkdtemp()
+    os.makedirs(work, exist_ok=True)
     real_pickle = os.path.join(a.recordings, "train_default.pickle")
     with open(os.path.join(a.recordings, "train_default.json")) as f:
         facts = json.load(f)
@@ -72,11 +77,11 @@ def main():
     cmd = [a.python, "-m", "vramscope_watch", "--estimate", "--stand-in", "fake", "--steps", "6", "--device-memory", str(H200),
            "--capability", "9.0", "--out", est_pickle, driver]
     if not a.estimate:
-        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
-        sys.stderr.write(r.stderr)
-        if r.returncode != 0:
-            print("FAIL: the estimate did not finish (status %d)" % r.returncode)
-            return 1
+        status, out = g.Log(os.path.join(work, "estimate-commands.log")).run(
+            cmd, env=env, timeout=g.Deadline(a.limit).left(keep=15) if a.limit else None)
+        if status != 0:
+            print(out[-3000:])
+            return g.verdict(g.FAIL, "the estimate did not finish (status %d%s)" % (status, ", out of time" if status == 124 else ""))
 
     real, _ = allocs(real_pickle)
     est, snap = allocs(est_pickle)
@@ -120,7 +125,11 @@ def main():
             print("\nsizes %s (count × size, first at):" % title)
             for s, n in sorted(d.items(), key=lambda kv: -kv[0] * kv[1])[:12]:
                 print("  %4d × %12d B  %s" % (n, s, where[s]))
-    return 1 if any(r[5] == "FAIL" for r in rows) else 0
+    failed = [r[0] for r in rows if r[5] == "FAIL"]
+    if failed:
+        return g.verdict(g.FAIL, "%s beyond the bound (%s)" % (" and ".join(failed), ", ".join(r[3] for r in rows if r[5] == "FAIL")))
+    return g.verdict(g.OK, "peak allocated %s, memory needed %s against train_default.pickle; %d of %d requests in the same order"
+                     % (rows[2][3], rows[4][3], same, len(real)))
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 package sim_test
 
 import (
-	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -108,37 +110,49 @@ var placements = map[string]placement{
 	"train_expandable.pickle": {anchor: 0},
 }
 
+// FreshEnv names a folder of recordings that record.py made on another
+// GPU or day than ../shared's (scripts/gpu-check.sh makes them:
+// frag_default_oom.pickle, train_default.pickle). TestPlacementAsRecorded
+// checks each of them too (subtests fresh/NAME), by the placements of the
+// recording of that name, as a rule the driver keeps rather than a fact
+// of one run.
+const freshEnv = "VRAMSCOPE_FRESH_RECORDINGS"
+
 var (
-	decodeOnce sync.Once
-	decoded    map[string][]*pytorch.Trace
-	decodeErr  error
+	decodeMu sync.Mutex
+	decoded  = map[string]map[string][]*pytorch.Trace{} // by folder, by file name
 )
 
 // recordings2_11 decodes every recording of shared/testdata/pytorch-2.11
 // (once), by file name.
 func recordings2_11(t *testing.T) map[string][]*pytorch.Trace {
 	t.Helper()
-	dir := filepath.Dir(testkit.SnapshotOf(t, "pytorch-2.11", "PROVENANCE.md"))
-	decodeOnce.Do(func() {
-		files, err := filepath.Glob(filepath.Join(dir, "*.pickle*"))
-		if err != nil || len(files) == 0 {
-			decodeErr = fmt.Errorf("no recordings in %s: %v", dir, err)
-			return
-		}
-		decoded = map[string][]*pytorch.Trace{}
-		for _, f := range files {
-			trs, err := pytorch.DecodeFile(f)
-			if err != nil {
-				decodeErr = err
-				return
-			}
-			decoded[filepath.Base(f)] = trs
-		}
-	})
-	if decodeErr != nil {
-		t.Fatal(decodeErr)
+	return recordingsIn(t, filepath.Dir(testkit.SnapshotOf(t, "pytorch-2.11", "PROVENANCE.md")))
+}
+
+// recordingsIn decodes every recording (*.pickle*) of dir, once, by file
+// name.
+func recordingsIn(t *testing.T, dir string) map[string][]*pytorch.Trace {
+	t.Helper()
+	decodeMu.Lock()
+	defer decodeMu.Unlock()
+	if recs, ok := decoded[dir]; ok {
+		return recs
 	}
-	return decoded
+	files, err := filepath.Glob(filepath.Join(dir, "*.pickle*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no recordings in %s: %v", dir, err)
+	}
+	recs := map[string][]*pytorch.Trace{}
+	for _, f := range files {
+		trs, err := pytorch.DecodeFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		recs[filepath.Base(f)] = trs
+	}
+	decoded[dir] = recs
+	return recs
 }
 
 // newRun replays tr's requests as a new run on a fresh simulated H200
@@ -232,7 +246,10 @@ func sameCalls(t *testing.T, got, want []gpu.Event, parts int, parted string) {
 // first one after start-up: all 76 of frag_default_oom.pickle's after its
 // first three; in the others, the driver's own allocations the recording
 // does not show are made at the gaps they leave, and every other miss is
-// listed with why.
+// listed with why. With $VRAMSCOPE_FRESH_RECORDINGS it checks that
+// folder's recordings the same way (subtests fresh/NAME): there the
+// device's size does not matter, as only expandable segments' reserved
+// ranges depend on it.
 func TestPlacementAsRecorded(t *testing.T) {
 	recs := recordings2_11(t)
 	for name, trs := range recs {
@@ -242,45 +259,7 @@ func TestPlacementAsRecorded(t *testing.T) {
 			continue
 		}
 		t.Run(name, func(t *testing.T) {
-			if len(trs) != 1 {
-				t.Fatalf("%d device traces, want 1", len(trs))
-			}
-			tr := trs[0]
-			want := segmentEvents(tr)
-			got := newRun(t, tr, pl.unseen)
-			sameCalls(t, got, want, pl.parts, pl.parted)
-			var mallocs [][2]gpu.Event // new run's, recording's
-			for i := range min(len(got), len(want)) {
-				if got[i].Action == gpu.ActionSegmentAlloc {
-					mallocs = append(mallocs, [2]gpu.Event{got[i], want[i]})
-				}
-			}
-			if pl.anchor == 0 {
-				t.Logf("%d cudaMallocs, all during start-up", len(mallocs))
-				return
-			}
-			if pl.anchor > len(mallocs) {
-				t.Fatalf("anchor #%d of %d cudaMallocs", pl.anchor, len(mallocs))
-			}
-			base := mallocs[pl.anchor-1]
-			checked, missed := 0, 0
-			for n := pl.anchor + 1; n <= len(mallocs); n++ {
-				m := mallocs[n-1]
-				at := int64(m[0].Addr - base[0].Addr)
-				rec := int64(m[1].Addr - base[1].Addr)
-				why, listed := pl.misses[n]
-				switch {
-				case at != rec && !listed:
-					t.Errorf("cudaMalloc #%d (%d MiB) at %+d MiB from #%d, recorded at %+d MiB (%#x)", n, m[0].Size/mib, at/mib, pl.anchor, rec/mib, m[1].Addr)
-				case at == rec && listed:
-					t.Errorf("cudaMalloc #%d lands where the recording put it, yet is listed as a miss (%s)", n, why)
-				case listed:
-					missed++
-				default:
-					checked++
-				}
-			}
-			t.Logf("%d cudaMallocs after the first after start-up where the H200 put them, %d explained misses, %d unseen allocations", checked, missed, len(pl.unseen))
+			checked := checkPlacement(t, trs, pl)
 			if name == "frag_default_oom.pickle" && checked != 75 {
 				t.Errorf("%d of frag_default_oom.pickle's cudaMallocs after the fourth checked, want all 75", checked)
 			}
@@ -291,6 +270,65 @@ func TestPlacementAsRecorded(t *testing.T) {
 			t.Errorf("%s: not among the recordings", name)
 		}
 	}
+	if dir := os.Getenv(freshEnv); dir != "" {
+		t.Run("fresh", func(t *testing.T) {
+			for name, trs := range recordingsIn(t, dir) {
+				pl, ok := placements[name]
+				if !ok {
+					t.Errorf("%s/%s: a recording placements does not know (%s holds record.py's recordings under the names of ../shared's)", dir, name, freshEnv)
+					continue
+				}
+				t.Run(name, func(t *testing.T) { checkPlacement(t, trs, pl) })
+			}
+		})
+	}
+}
+
+// checkPlacement replays a recording's one device trace as a new run and
+// checks its driver calls and every cudaMalloc after the anchor against
+// the recording, as pl says; it returns how many landed where recorded.
+func checkPlacement(t *testing.T, trs []*pytorch.Trace, pl placement) (checked int) {
+	t.Helper()
+	if len(trs) != 1 {
+		t.Fatalf("%d device traces, want 1", len(trs))
+	}
+	tr := trs[0]
+	want := segmentEvents(tr)
+	got := newRun(t, tr, pl.unseen)
+	sameCalls(t, got, want, pl.parts, pl.parted)
+	var mallocs [][2]gpu.Event // new run's, recording's
+	for i := range min(len(got), len(want)) {
+		if got[i].Action == gpu.ActionSegmentAlloc {
+			mallocs = append(mallocs, [2]gpu.Event{got[i], want[i]})
+		}
+	}
+	if pl.anchor == 0 {
+		t.Logf("%d cudaMallocs, all during start-up", len(mallocs))
+		return 0
+	}
+	if pl.anchor > len(mallocs) {
+		t.Fatalf("anchor #%d of %d cudaMallocs", pl.anchor, len(mallocs))
+	}
+	base := mallocs[pl.anchor-1]
+	missed := 0
+	for n := pl.anchor + 1; n <= len(mallocs); n++ {
+		m := mallocs[n-1]
+		at := int64(m[0].Addr - base[0].Addr)
+		rec := int64(m[1].Addr - base[1].Addr)
+		why, listed := pl.misses[n]
+		switch {
+		case at != rec && !listed:
+			t.Errorf("cudaMalloc #%d (%d MiB) at %+d MiB from #%d, recorded at %+d MiB (%#x)", n, m[0].Size/mib, at/mib, pl.anchor, rec/mib, m[1].Addr)
+		case at == rec && listed:
+			t.Errorf("cudaMalloc #%d lands where the recording put it, yet is listed as a miss (%s)", n, why)
+		case listed:
+			missed++
+		default:
+			checked++
+		}
+	}
+	t.Logf("%d cudaMallocs after the first after start-up where the driver put them, %d explained misses, %d unseen allocations", checked, missed, len(pl.unseen))
+	return checked
 }
 
 // TestReservationsAsRecorded: the reserved ranges of expandable segments
@@ -316,4 +354,59 @@ func TestReservationsAsRecorded(t *testing.T) {
 		t.Fatal("no second reservation in train_expandable.pickle: the test would check only the allocator's own offsets")
 	}
 	t.Logf("%d maps and unmaps, the second reservation's at %#x", len(got), second)
+}
+
+// TestPlacementOfFreshRecordings runs TestPlacementAsRecorded's fresh
+// subtests in a child process on folders named by $VRAMSCOPE_FRESH_RECORDINGS,
+// as scripts/gpu-check.sh does with record.py's new recordings: copies of
+// ../shared's pass, each file checked by the placements of its name; a
+// recording of another job under a known name fails, naming the
+// mismatch; a name placements does not know fails.
+func TestPlacementOfFreshRecordings(t *testing.T) {
+	shared := filepath.Dir(testkit.SnapshotOf(t, "pytorch-2.11", "PROVENANCE.md"))
+	fresh := func(files map[string]string) string { // name in the folder: file of ../shared
+		dir := t.TempDir()
+		for name, from := range files {
+			data, err := os.ReadFile(filepath.Join(shared, from))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir
+	}
+	run := func(dir string) (string, error) {
+		cmd := exec.Command(os.Args[0], "-test.run", "^TestPlacementAsRecorded$/^fresh$", "-test.v", "-test.count=1")
+		cmd.Env = append(os.Environ(), freshEnv+"="+dir)
+		out, err := cmd.CombinedOutput()
+		return string(out), err
+	}
+	for _, c := range []struct {
+		name   string
+		files  map[string]string
+		fails  bool
+		output []string
+	}{
+		{"copies", map[string]string{"frag_default_oom.pickle": "frag_default_oom.pickle", "train_default.pickle": "train_default.pickle"}, false,
+			[]string{"--- PASS: TestPlacementAsRecorded/fresh/frag_default_oom.pickle", "--- PASS: TestPlacementAsRecorded/fresh/train_default.pickle",
+				"75 cudaMallocs after the first after start-up where the driver put them"}},
+		{"another job", map[string]string{"train_default.pickle": "train_stacks_all.pickle"}, true,
+			[]string{"--- FAIL: TestPlacementAsRecorded/fresh/train_default.pickle"}},
+		{"unknown name", map[string]string{"mine.pickle": "frag_default_oom.pickle"}, true,
+			[]string{"mine.pickle: a recording placements does not know"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			out, err := run(fresh(c.files))
+			if (err != nil) != c.fails {
+				t.Errorf("the fresh subtests ended with %v, want failing %v:\n%s", err, c.fails, out)
+			}
+			for _, s := range c.output {
+				if !strings.Contains(out, s) {
+					t.Errorf("the output lacks %q:\n%s", s, out)
+				}
+			}
+		})
+	}
 }
