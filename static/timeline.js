@@ -67,7 +67,7 @@ export function decodeBands(buf) {
   const i32 = new Uint32Array(buf, 40 + 8 * f.length, 4 * nb + 1 + nr + 5 * nf);
   const at = 6 + w, fat = at + 4 * nb + nr, iat = 4 * nb + 1 + nr;
   const out = {
-    w, dropped: u(3), samples: u(4), checkpoints: (u(5) & 1) !== 0, events: (u(5) & 2) !== 0,
+    w, dropped: u(3), samples: u(4), dense: (u(5) & 1) !== 0, events: (u(5) & 2) !== 0,
     t0: f[0], t1: f[1], m0: f[2], m1: f[3], y_max: f[4], min_bytes: f[5],
     allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb, fat), runCols: i32.subarray(4 * nb + 1, iat), bands: new Array(nb),
     folds: new Array(nf),
