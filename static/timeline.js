@@ -665,20 +665,23 @@ export class Timeline {
     const b = this.bands;
     if (!b || b.events !== (this.view.axis === "event") || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW || y < this.dataTop || y > TOP + this.plotH) return null;
     const t = this.tOf(x);
-    const c = Math.floor((t - b.t0) / ((b.t1 - b.t0) / b.w));
+    const colW = (b.t1 - b.t0) / b.w;
+    const c = Math.floor((t - b.t0) / colW);
     if (c < 0 || c >= b.w) return null;
     const bytes = this.bytesOf(y);
+    // A dense window's column, in pixels (the tip says it is drawn at its peak).
+    const wide = b.dense ? this.xOf(b.t0 + (c + 1) * colW) - this.xOf(b.t0 + c * colW) : 0;
     for (const band of b.bands) {
       if (c < band.c0 || c > band.c1 || bytes < 0) continue;
       let r = band.r0;
       while (r + 1 < band.r1 && b.runCols[r + 1] <= c) r++;
       const off = b.runOffs[r];
-      if (bytes >= off && bytes < off + band.size) return { band, t };
+      if (bytes >= off && bytes < off + band.size) return { band, t, wide };
     }
     for (const f of b.folds) {
-      if (c >= f.c0 && c <= f.c1 && bytes >= f.offset && bytes < f.offset + f.size) return { fold: f, group: b.groups[f.group], t };
+      if (c >= f.c0 && c <= f.c1 && bytes >= f.offset && bytes < f.offset + f.size) return { fold: f, group: b.groups[f.group], t, wide };
     }
-    if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t };
+    if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t, wide };
     return { t };
   }
 

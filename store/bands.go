@@ -97,7 +97,9 @@ type Fold struct {
 	Rep    Band   `json:"rep"` // without columns and runs
 }
 
-// Bands is the stacked timeline of one window.
+// Bands is the stacked timeline of one window: the query's, or for a
+// dense one on the time axis, the window widened to whole columns of a
+// power of two microseconds.
 type Bands struct {
 	T0     int64  `json:"t0"`
 	T1     int64  `json:"t1"`
@@ -160,7 +162,7 @@ func (db *DB) Bands(id string, q BandsQuery) (*Bands, error) {
 		if dense, err = r.planDense(q, win, 0); err != nil {
 			return nil, err
 		}
-		out.W = dense.w
+		out.T0, out.T1, out.W = dense.t0, dense.end(), dense.w
 	}
 	out.Allocated = make([]uint64, out.W)
 	out.M0, out.M1 = q.M0, q.M1

@@ -119,14 +119,20 @@ type densePlan struct {
 	checkpoints       []int64
 }
 
+// end is where the plan's columns end (their t0 and w columns of width).
+func (p *densePlan) end() int64 { return p.t0 + int64(math.Round(float64(p.w)*p.width)) }
+
 // timeSpan is the times [lo, hi].
 type timeSpan struct{ lo, hi int64 }
 
 // planDense lays out w columns of a dense window (w == 0: as many as the
 // budget affords when each is replayed from a checkpoint), and finds
-// where each one peaks.
+// where each one peaks. With w == 0 on the time axis, the columns are the
+// usage buckets of a level (the window widened to whole ones: win
+// changes), so that the usage pyramid says exactly where each peaks.
 func (r *reader) planDense(q BandsQuery, win *bandWindow, w int) (*densePlan, error) {
 	p := &densePlan{}
+	aligned := w == 0 && !q.Events
 	ck, err := r.latestCheckpoint(win.seq0)
 	if err != nil {
 		return nil, err
@@ -135,13 +141,32 @@ func (r *reader) planDense(q BandsQuery, win *bandWindow, w int) (*densePlan, er
 		return nil, err
 	}
 	if w == 0 {
-		// A column costs the replay from a checkpoint (half their
-		// spacing on average) and of its leaf, and the checkpoint's
-		// blocks (by the writer's rule, fewer than the spacing).
+		// A column costs its replay from a checkpoint, half their spacing
+		// on average, and its leaf's.
 		spacing := max(checkpointEvery, (win.seqEnd-max(ck, win.seq0))/int64(len(p.checkpoints)))
-		w = int(max(1, min(int64(q.W), sweepPerColumn*int64(q.W)/(spacing+leafEvents))))
+		w = int(max(1, min(int64(q.W), sweepPerColumn*int64(q.W)/(spacing/2+leafEvents))))
 	}
-	p.w = w
+	p.colAxis = colAxis{events: q.Events, t0: q.T0, width: float64(q.T1-q.T0) / float64(w), w: w}
+	if aligned {
+		k := 0
+		for int64(w)<<k < q.T1-q.T0+1 {
+			k++
+		}
+		t0 := q.T0 >> k << k
+		p.colAxis = colAxis{t0: t0, width: float64(int64(1) << k), w: int(q.T1>>k - q.T0>>k + 1)}
+		if win.seq0, _, _, err = r.stateAt(t0, false); err != nil {
+			return nil, err
+		}
+		if win.seqEnd, _, _, err = r.stateAt(p.end()-1, true); err != nil {
+			return nil, err
+		}
+		if ck, err = r.latestCheckpoint(win.seq0); err != nil {
+			return nil, err
+		}
+		if p.checkpoints, err = r.int64s("SELECT seq FROM checkpoints WHERE tid = ? AND seq >= ? AND seq <= ? ORDER BY seq", r.tid, ck, win.seqEnd); err != nil {
+			return nil, err
+		}
+	}
 	rows, err := r.tx.Query("SELECT first_seq, first_us FROM chunks WHERE tid = ? AND first_seq <= ? AND last_seq > ? ORDER BY first_seq", r.tid, win.seqEnd, ck)
 	if err != nil {
 		return nil, err
@@ -159,10 +184,10 @@ func (r *reader) planDense(q BandsQuery, win *bandWindow, w int) (*densePlan, er
 		return nil, err
 	}
 	// Each column's times, and on the event axis its first event.
-	p.colAxis = colAxis{events: q.Events, t0: q.T0, width: float64(q.T1-q.T0) / float64(p.w), w: p.w}
 	p.spans = make([]timeSpan, p.w)
 	p.firstSeq = make([]int64, p.w)
-	if q.Events {
+	switch {
+	case q.Events:
 		bounds := make([]int64, p.w+1) // each column's first event, then the window's last
 		for c := range p.w {
 			bounds[c] = max(win.seq0+1, p.start(c))
@@ -176,7 +201,12 @@ func (r *reader) planDense(q BandsQuery, win *bandWindow, w int) (*densePlan, er
 		for c := range p.w {
 			p.spans[c] = timeSpan{times[c], times[c+1]}
 		}
-	} else {
+	case aligned:
+		for c := range p.w {
+			lo := p.t0 + int64(c)*int64(p.width)
+			p.spans[c], p.firstSeq[c] = timeSpan{lo, lo + int64(p.width) - 1}, win.seq0+1
+		}
+	default:
 		for c := range p.w {
 			p.spans[c] = timeSpan{max(q.T0, p.start(c)), min(q.T1, p.start(c+1)-1)}
 			p.firstSeq[c] = win.seq0 + 1

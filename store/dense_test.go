@@ -208,7 +208,7 @@ func columnErr(b *Bands, q BandsQuery, c int, st []stacked, label func(gpu.Stack
 // allocated bytes after one of its events (as a brute-force replay finds
 // them), and what it draws is exactly the stack right after such an
 // event: its bands at their offsets, the rest in folds. Fewer columns
-// than asked for, and fewer the denser the window.
+// than asked for; on the time axis, usage buckets of one level.
 func TestDenseBandsAreTheStackAtEachColumnsPeak(t *testing.T) {
 	eachBackend(t, testDenseBandsAreTheStackAtEachColumnsPeak)
 }
@@ -266,19 +266,24 @@ func testDenseBandsAreTheStackAtEachColumnsPeak(t *testing.T) {
 		if b.Sampled != "dense" || b.W >= q.W || b.Samples != b.W || len(b.Allocated) != b.W || len(b.Bands) == 0 || len(b.Folds) == 0 {
 			t.Fatalf("%+v: sampled %q, %d samples, %d of %d columns, %d bands, %d folds", q, b.Sampled, b.Samples, b.W, q.W, len(b.Bands), len(b.Folds))
 		}
-		width := float64(q.T1-q.T0) / float64(b.W)
+		// The answer's window: the query's, or on the time axis widened
+		// to whole columns of a power of two microseconds.
+		width := float64(b.T1-b.T0) / float64(b.W)
+		if !q.Events && (b.T0 > q.T0 || b.T1 <= q.T1 || width != math.Exp2(math.Round(math.Log2(width)))) {
+			t.Fatalf("%+v: dense columns over [%d, %d) of %g us", q, b.T0, b.T1, width)
+		}
 		colOf := func(e gpu.Event) int {
 			k := e.TimeUS
 			if q.Events {
 				k = e.Seq
 			}
 			switch {
-			case k < q.T0:
+			case k < b.T0:
 				return -1
-			case q.Events && k >= q.T1 || !q.Events && k > q.T1:
+			case k >= b.T1:
 				return b.W
 			}
-			return min(b.W-1, int(math.Floor(float64(k-q.T0)/width)))
+			return min(b.W-1, int(math.Floor(float64(k-b.T0)/width)))
 		}
 		peaks, stacks := columnPeaks(ref, before, after, b.W, colOf)
 		for c := range b.W {
