@@ -295,9 +295,11 @@ func (a *colAxis) start(c int) int64 {
 // PeakSeqs is where each of the n columns of a window (q's T0, T1 and
 // Events; W is n) is sampled: right after the event of its peak of
 // allocated bytes, or for a column without events the last event before
-// it (-1: none). In a window of more than sweepPerColumn events per
+// it (-1: none). The window's events are read once (their totals, no
+// live set), or in a window of more than peakSweepPerColumn events per
 // column, each column's peak is searched in the usage bucket that the
-// usage pyramid says holds it (see bandsample.go).
+// usage pyramid says holds it (see bandsample.go), which reads a chunk or
+// two per column.
 func (db *DB) PeakSeqs(id string, q BandsQuery) ([]int64, error) {
 	if q.W < 1 || q.T1 <= q.T0 {
 		return nil, fmt.Errorf("store: peaks need t0 < t1 and n >= 1 (got %+v)", q)
@@ -311,7 +313,7 @@ func (db *DB) PeakSeqs(id string, q BandsQuery) ([]int64, error) {
 	if err != nil {
 		return nil, err
 	}
-	if win.seqEnd-win.seq0 > sweepPerColumn*int64(q.W) {
+	if win.seqEnd-win.seq0 > peakSweepPerColumn*int64(q.W) {
 		p, err := r.planDense(q, win, q.W)
 		if err != nil {
 			return nil, err

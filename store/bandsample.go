@@ -31,6 +31,11 @@ import (
 // replays (a variable for tests).
 var sweepPerColumn int64 = 250
 
+// peakSweepPerColumn is the most events per column PeakSeqs reads: its
+// columns need no live set, so a chunk of events each costs about what
+// finding a dense column's peak does (a variable for tests).
+var peakSweepPerColumn int64 = 2 * chunkSize
+
 const (
 	// leafEvents is the most events of the usage bucket a dense column's
 	// peak is searched in.

@@ -337,9 +337,10 @@ func testPeakSeqs(t *testing.T) {
 			q.T0 = first + rng.Int64N((last-first)/2)
 			q.T1 = q.T0 + 500 + rng.Int64N(last-q.T0-500)
 		}
-		restore := sweepEvery(every)
+		was := peakSweepPerColumn
+		peakSweepPerColumn = every
 		seqs, err := db.PeakSeqs(w.ID(), q)
-		restore()
+		peakSweepPerColumn = was
 		if err != nil {
 			t.Fatal(err)
 		}
