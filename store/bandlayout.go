@@ -172,9 +172,10 @@ func (l *bandLayout) sample(live *liveSet, c int, at int64) {
 			i++
 			continue
 		}
-		if e.size < l.minBytes {
+		if e.size < l.minBytes && e.band < 0 {
 			// The run of this group: the visible small allocations from
-			// here on in it.
+			// here on in it (a band made before the bands grew taller
+			// stays one).
 			g := l.groupOf(e)
 			start, n, rep := off, 0, e
 			for ; i < len(list) && off < m1; i++ {
@@ -182,7 +183,7 @@ func (l *bandLayout) sample(live *liveSet, c int, at int64) {
 				if !f.visible(at) {
 					continue
 				}
-				if f.size >= l.minBytes || l.groupOf(f) != g {
+				if f.size >= l.minBytes || f.band >= 0 || l.groupOf(f) != g {
 					break
 				}
 				if f.size > rep.size {

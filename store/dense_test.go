@@ -376,3 +376,81 @@ func testPeakSeqs(t *testing.T) {
 		}
 	}
 }
+
+// A window whose bands would pass the answer's caps (a narrow memory
+// range: every free below shifts every band by more than a quarter row)
+// makes new bands taller as it goes, and no more than the caps; every
+// allocation drawn as a band stays one from the column it was first drawn
+// in, at its exact offsets, every one of at least MinBytes in the range is
+// a band, and the folds hold the rest: against the brute-force stacks.
+func TestBandsPastTheirCaps(t *testing.T) { eachBackend(t, testBandsPastTheirCaps) }
+
+func testBandsPastTheirCaps(t *testing.T) {
+	defer sweepEvery(1 << 40)()
+	db, _ := openTemp(t)
+	initial, g := initialLayout()
+	g.stacks = 4
+	evs := g.events(60_000)
+	w := writeTrace(t, db, initial, evs, 4)
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	ref := &reference{initial, evs}
+	label := func(sid gpu.StackID) string {
+		if sid == 0 {
+			return ""
+		}
+		return gpu.StackLabel(testStack(int(sid)))
+	}
+	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
+	q := BandsQuery{T0: first, T1: last, W: 1300, H: 100, M0: 2 << 30, M1: 2<<30 + 64<<20}
+	b, err := db.Bands(w.ID(), q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	for _, band := range b.Bands {
+		runs += len(band.Runs) / 2
+	}
+	row := (q.M1 - q.M0 + uint64(q.H) - 1) / uint64(q.H)
+	t.Logf("%d bands (%d runs), %d folds, min %d bytes (a row: %d), %d dropped", len(b.Bands), runs, len(b.Folds), b.MinBytes, row, b.Dropped)
+	if b.MinBytes <= row || len(b.Bands) > maxBands || runs > maxRuns || len(b.Folds) > maxFoldRuns || b.Dropped > 0 {
+		t.Fatalf("past the caps: %d bands, %d runs, %d folds, min %d bytes (a row %d), %d dropped", len(b.Bands), runs, len(b.Folds), b.MinBytes, row, b.Dropped)
+	}
+	small := 0 // bands under MinBytes: drawn so before the bands grew taller
+	for _, band := range b.Bands {
+		if band.Size < b.MinBytes {
+			small++
+		}
+	}
+	if small == 0 {
+		t.Fatal("no band is under MinBytes: the bands did not grow taller on the way")
+	}
+	dt := float64(q.T1-q.T0) / float64(q.W)
+	want := bruteStacks(ref, q.W, func(e gpu.Event) int {
+		switch {
+		case e.TimeUS < q.T0:
+			return -1
+		case e.TimeUS > q.T1:
+			return q.W
+		}
+		return min(q.W-1, int(math.Floor(float64(e.TimeUS-q.T0)/dt)))
+	})
+	for c, st := range want {
+		if err := columnErr(b, q, c, st, label); err != nil {
+			t.Fatalf("column %d: %v", c, err)
+		}
+	}
+	// A band goes on while its allocation lives.
+	for _, band := range b.Bands {
+		if band.C1+1 >= q.W {
+			continue
+		}
+		k := keyOf(&liveEntry{seq: band.Seq, addr: band.Addr})
+		for _, s := range want[band.C1+1] {
+			if s.key() == k {
+				t.Fatalf("band %v (%d bytes) ends at column %d, but it is live after it", k, band.Size, band.C1)
+			}
+		}
+	}
+}
