@@ -204,7 +204,7 @@ func (db *DB) Bands(id string, q BandsQuery) (*Bands, error) {
 func (r *reader) reservedTop(db *DB, q BandsQuery, win *bandWindow) (uint64, error) {
 	t0, t1 := q.T0, q.T1
 	if q.Events {
-		ts, err := r.timesFrom([]int64{win.seq0 + 1, win.seqEnd})
+		ts, err := r.timesFrom([]int64{win.seq0 + 1, win.seqEnd}, nil)
 		if err != nil {
 			return 0, err
 		}

@@ -199,7 +199,7 @@ func (r *reader) planDense(q BandsQuery, win *bandWindow, w int) (*densePlan, er
 			p.firstSeq[c] = bounds[c]
 		}
 		bounds[p.w] = win.seqEnd
-		times, err := r.timesFrom(bounds)
+		times, err := r.timesFrom(bounds, p.chunkSeq)
 		if err != nil {
 			return nil, err
 		}
@@ -600,13 +600,19 @@ func (r *reader) peakLeaves(spans []timeSpan, strict bool) ([][]leafPeak, error)
 }
 
 // timesFrom is the time of the first event at or after each of seqs
-// (ascending), or of the trace's last event past it.
-func (r *reader) timesFrom(seqs []int64) ([]int64, error) {
+// (ascending), or of the trace's last event past it. chunkSeq, where
+// given, is the first seqs of the chunks that hold them, in order.
+func (r *reader) timesFrom(seqs, chunkSeq []int64) ([]int64, error) {
 	out := make([]int64, len(seqs))
 	s := &eventStream{r: r, end: r.trace.LastSeq}
 	for i, seq := range seqs {
 		if s.page == nil && !s.done || s.ready && seq-s.ev.Seq > chunkSize {
-			s.seek(seq) // rather than decode the chunks between
+			// Seek rather than decode the chunks between.
+			if j := sort.Search(len(chunkSeq), func(j int) bool { return chunkSeq[j] > seq }) - 1; j >= 0 {
+				s.seekChunk(seq, chunkSeq[j], 1)
+			} else {
+				s.seek(seq)
+			}
 		}
 		for s.peek() && s.ev.Seq < seq {
 			s.take()

@@ -46,8 +46,18 @@ func (s *eventStream) seek(from int64) {
 }
 
 // seekChunk is seek where the chunk holding from is known to begin at
-// start, reading pages chunks first.
+// start, reading pages chunks first; where that chunk is in the page read
+// last, it decodes it again rather than read it.
 func (s *eventStream) seekChunk(from, start int64, pages int) {
+	if s.err == nil {
+		for i, c := range s.page {
+			if c.firstSeq == start {
+				s.pi, s.ready, s.done, s.from = i, false, false, from
+				s.open()
+				return
+			}
+		}
+	}
 	s.page, s.pi, s.pages, s.ready, s.done, s.from = nil, 0, max(1, min(pages, chunkPageSize)), false, false, from
 	s.dec = decoder{}
 	s.read(start)
