@@ -67,7 +67,7 @@ export function decodeBands(buf) {
   const i32 = new Uint32Array(buf, 40 + 8 * f.length, 4 * nb + 1 + nr + 5 * nf);
   const at = 6 + w, fat = at + 4 * nb + nr, iat = 4 * nb + 1 + nr;
   const out = {
-    w, dropped: u(3), samples: u(4), checkpoints: (u(5) & 1) !== 0, events: (u(5) & 2) !== 0,
+    w, dropped: u(3), samples: u(4), dense: (u(5) & 1) !== 0, events: (u(5) & 2) !== 0,
     t0: f[0], t1: f[1], m0: f[2], m1: f[3], y_max: f[4], min_bytes: f[5],
     allocated: f.subarray(6, 6 + w), runOffs: f.subarray(at + 4 * nb, fat), runCols: i32.subarray(4 * nb + 1, iat), bands: new Array(nb),
     folds: new Array(nf),
@@ -665,20 +665,23 @@ export class Timeline {
     const b = this.bands;
     if (!b || b.events !== (this.view.axis === "event") || x < AXIS_LEFT || x > AXIS_LEFT + this.plotW || y < this.dataTop || y > TOP + this.plotH) return null;
     const t = this.tOf(x);
-    const c = Math.floor((t - b.t0) / ((b.t1 - b.t0) / b.w));
+    const colW = (b.t1 - b.t0) / b.w;
+    const c = Math.floor((t - b.t0) / colW);
     if (c < 0 || c >= b.w) return null;
     const bytes = this.bytesOf(y);
+    // A dense window's column, in pixels (the tip says it is drawn at its peak).
+    const wide = b.dense ? this.xOf(b.t0 + (c + 1) * colW) - this.xOf(b.t0 + c * colW) : 0;
     for (const band of b.bands) {
       if (c < band.c0 || c > band.c1 || bytes < 0) continue;
       let r = band.r0;
       while (r + 1 < band.r1 && b.runCols[r + 1] <= c) r++;
       const off = b.runOffs[r];
-      if (bytes >= off && bytes < off + band.size) return { band, t };
+      if (bytes >= off && bytes < off + band.size) return { band, t, wide };
     }
     for (const f of b.folds) {
-      if (c >= f.c0 && c <= f.c1 && bytes >= f.offset && bytes < f.offset + f.size) return { fold: f, group: b.groups[f.group], t };
+      if (c >= f.c0 && c <= f.c1 && bytes >= f.offset && bytes < f.offset + f.size) return { fold: f, group: b.groups[f.group], t, wide };
     }
-    if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t };
+    if (bytes >= 0 && bytes < b.allocated[c]) return { small: b.allocated[c], t, wide };
     return { t };
   }
 

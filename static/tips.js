@@ -142,13 +142,15 @@ export function showHitTip(view, tip, h, x, y) {
     // by the group holding most of its bytes and by its largest.
     const f = h.fold, r = f.rep;
     rows.push(el("strong", {}, fmtBytes(f.size) + " in " + f.count + (f.count === 1 ? " allocation" : " allocations")), el("br"),
-      "folded: each under a pixel tall at this zoom; most bytes from " + (h.group || "allocations without frames"), el("br"),
+      "folded: each too small to draw at this zoom; most bytes from " + (h.group || "allocations without frames"), el("br"),
       "the largest: " + fmtBytes(r.size) + ", " + (r.seq >= 0 ? "alloc #" + r.seq : "allocated before the trace") + " at " + fmtAddr(r.address));
     sid = r.stack, seq = r.seq;
   } else {
     rows.push(el("strong", {}, "up to " + fmtBytes(h.small) + " allocated here"), el("br"),
-      "not told apart: a window this dense is drawn from its stored checkpoints,", el("br"),
-      "not from each column's peak; zoom in (W, or shift-drag a rectangle) to see them");
+      "not told apart: left out of an answer that holds at most 2,000 bands;", el("br"),
+      "zoom in (W, or shift-drag a rectangle) to see them");
   }
+  // A dense window's columns are wider than a pixel, each drawn at its peak.
+  if (h.wide >= 2 && !h.block) rows.push(el("br"), "drawn at the peak of its " + Math.round(h.wide) + " px column (a window this dense has fewer columns)");
   placeTip(tip, rows, x, y, view.stackOf, sid, view.allFrames, !sid && seq >= 0 ? view.madeOf(seq) : null);
 }

@@ -122,8 +122,8 @@ func NewLayoutColumns(l *gpu.Layout, t, seq int64) LayoutColumns {
 // usage ("VSU1"): n; bucket_us, start_us, events[n], then min,max pairs of
 // reserved[2n], allocated[2n], active[2n].
 //
-// bands ("VSB1"): w, bands, runs, dropped, samples, flags (1: sampled at
-// checkpoints), 0; t0, t1, m0, m1, y_max, min_bytes, allocated[w], then per
+// bands ("VSB1"): w, bands, runs, dropped, samples, flags (1: a dense
+// window's columns), 0; t0, t1, m0, m1, y_max, min_bytes, allocated[w], then per
 // band seq, address, size, requested (each an array of the band count),
 // then the run offsets; uint32 stack, c0, c1 per band, the index of each
 // band's first run (one more entry than bands), then the run columns.
@@ -170,7 +170,7 @@ func (u EventUsage) AppendBinary(buf []byte) []byte {
 }
 
 // AppendBinary appends the binary form of o: a header ("VSB2", then
-// w, bands, runs, dropped, samples, flags (1 checkpoints, 2 events),
+// w, bands, runs, dropped, samples, flags (1 dense, 2 events),
 // folds, groups' bytes, each a uint32), the float64 columns (t0, t1, m0,
 // m1, y_max, min_bytes, allocated[w], the bands' seq, address, size,
 // requested size, the runs' offsets, the folds' offset, size, and their
@@ -188,7 +188,7 @@ func (o *Bands) AppendBinary(buf []byte) []byte {
 	b := &binWriter{b: buf}
 	b.b = append(b.b, "VSB2"...)
 	flags := uint32(0)
-	if o.Sampled == "checkpoints" {
+	if o.Sampled == "dense" {
 		flags |= 1
 	}
 	if o.Events {

@@ -96,6 +96,7 @@ func offsetAt(b *Band, c int) (uint64, bool) {
 func TestBandsAreTheExactStack(t *testing.T) { eachBackend(t, testBandsAreTheExactStack) }
 
 func testBandsAreTheExactStack(t *testing.T) {
+	defer sweepEvery(1 << 40)() // every window swept: dense ones have tests of their own
 	db, _ := openTemp(t)
 	initial, g := initialLayout()
 	evs := g.events(30000)
@@ -171,53 +172,12 @@ func testBandsAreTheExactStack(t *testing.T) {
 	}
 }
 
-func TestBandsOfADenseWindowUseCheckpoints(t *testing.T) {
-	eachBackend(t, testBandsOfADenseWindowUseCheckpoints)
-}
-
-func testBandsOfADenseWindowUseCheckpoints(t *testing.T) {
-	if testing.Short() {
-		t.Skip("writes 300k events")
-	}
-	defer func(n int64) { maxSweep = n }(maxSweep)
-	maxSweep = 250_000 // the test's window: past it, not the real threshold's
-	db, _ := openTemp(t)
-	g := newGen(11, 400)
-	g.stacks = 4 // folds read their stacks' labels between checkpoints
-	evs := g.events(int(maxSweep) + 50_000)
-	w := writeTrace(t, db, nil, evs, 4)
-	if err := w.Close(gpu.StatusComplete); err != nil {
-		t.Fatal(err)
-	}
-	q := BandsQuery{T0: evs[0].TimeUS, T1: evs[len(evs)-1].TimeUS, W: 300, H: 300}
-	b, err := db.Bands(w.ID(), q)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if b.Sampled != "checkpoints" || b.Samples < 2 || len(b.Bands) == 0 {
-		t.Fatalf("sampled %q %d times, %d bands", b.Sampled, b.Samples, len(b.Bands))
-	}
-	// No two bands overlap in any column, and none rises above the
-	// allocated envelope.
-	quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
-	for c := range q.W {
-		type span struct{ lo, hi uint64 }
-		var spans []span
-		for i := range b.Bands {
-			if off, ok := offsetAt(&b.Bands[i], c); ok {
-				spans = append(spans, span{off, off + b.Bands[i].Size})
-			}
-		}
-		sort.Slice(spans, func(i, j int) bool { return spans[i].lo < spans[j].lo })
-		for i := 1; i < len(spans); i++ {
-			if spans[i].lo+2*quantum < spans[i-1].hi {
-				t.Fatalf("column %d: bands overlap: %v", c, spans[i-1:i+1])
-			}
-		}
-		if n := len(spans); n > 0 && spans[n-1].hi > b.Allocated[c]+quantum {
-			t.Fatalf("column %d: bands reach %d, above the allocated %d", c, spans[n-1].hi, b.Allocated[c])
-		}
-	}
+// sweepEvery sets sweepPerColumn for a test, returning what puts it
+// back.
+func sweepEvery(n int64) func() {
+	was := sweepPerColumn
+	sweepPerColumn = n
+	return func() { sweepPerColumn = was }
 }
 
 func TestBandsRefuseBadQueries(t *testing.T) { eachBackend(t, testBandsRefuseBadQueries) }

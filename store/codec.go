@@ -150,60 +150,132 @@ func newDecoder(data []byte, firstSeq, firstUS int64) *decoder {
 }
 
 func (d *decoder) uvarint() uint64 {
-	v, n := binary.Uvarint(d.buf[d.pos:])
-	if n <= 0 {
+	v, pos := uvarintAt(d.buf, d.pos)
+	if pos > len(d.buf) {
 		d.err = errCorrupt
 		d.pos = len(d.buf)
 		return 0
 	}
-	d.pos += n
+	d.pos = pos
 	return v
 }
 
-// varint undoes binary.AppendVarint's zig-zag encoding.
-func (d *decoder) varint() int64 {
-	u := d.uvarint()
-	return int64(u>>1) ^ -int64(u&1)
+// uvarintAt reads the uvarint at buf[pos:], returning it and the position
+// after it, or a position past len(buf) where there is none (and at any
+// position past it).
+func uvarintAt(buf []byte, pos int) (uint64, int) {
+	if pos < len(buf) && buf[pos] < 0x80 {
+		return uint64(buf[pos]), pos + 1
+	}
+	return uvarintLong(buf, pos)
 }
 
-// next decodes the next event into e; false at the end or on corruption
-// (then d.err is set). ends reports extEnds.
-func (d *decoder) next(e *gpu.Event) (ends, ok bool) {
-	if !d.more() || d.err != nil {
-		return false, false
-	}
-	tag, _ := d.byte1()
-	var ext byte
-	if tag&tagExt != 0 {
-		var ok bool
-		if ext, ok = d.byte1(); !ok {
-			return false, false
+// uvarintLong is uvarintAt past its one-byte case (which callers that
+// run hot write inline: a call costs more than the byte).
+func uvarintLong(buf []byte, pos int) (uint64, int) {
+	if pos >= 0 && pos+3 < len(buf) { // up to four bytes, unrolled
+		v := uint64(buf[pos]&0x7f) | uint64(buf[pos+1]&0x7f)<<7
+		if buf[pos+1] < 0x80 {
+			return v, pos + 2
+		}
+		v |= uint64(buf[pos+2]&0x7f) << 14
+		if buf[pos+2] < 0x80 {
+			return v, pos + 3
+		}
+		v |= uint64(buf[pos+3]&0x7f) << 21
+		if buf[pos+3] < 0x80 {
+			return v, pos + 4
 		}
 	}
-	*e = gpu.Event{Action: gpu.Action(tag & 15), Pool: gpu.Pool(tag >> tagPoolShift & 3)}
-	e.Seq = d.st.seq + 1
-	if ext&extSeq != 0 {
-		e.Seq += d.varint()
+	if pos >= len(buf) {
+		return 0, len(buf) + 1
 	}
-	e.TimeUS = d.st.us + int64(d.uvarint())
-	e.Stream = d.st.stream
-	if tag&tagStream != 0 {
-		e.Stream = d.varint()
+	v, n := binary.Uvarint(buf[pos:])
+	if n <= 0 {
+		return 0, len(buf) + 1
 	}
-	e.Addr = d.st.addr + uint64(d.varint())
-	e.Size = d.uvarint()
-	if hasBlock(e.Action) {
-		e.BlockSize = e.Size + d.uvarint()
-	} else if ext&extBlockSize != 0 {
-		e.BlockSize = d.uvarint()
-	}
-	if ext&extDeviceFree != 0 {
-		e.DeviceFree = d.uvarint()
-	}
-	e.Stack = gpu.StackID(d.uvarint())
-	if d.err != nil {
+	return v, pos + n
+}
+
+// unzigzag undoes binary.AppendVarint's zig-zag encoding.
+func unzigzag(u uint64) int64 { return int64(u>>1) ^ -int64(u&1) }
+
+// varint undoes binary.AppendVarint's zig-zag encoding.
+func (d *decoder) varint() int64 { return unzigzag(d.uvarint()) }
+
+// next decodes the next event into e; false at the end or on corruption
+// (then d.err is set). ends reports extEnds. It reads with the buffer and
+// position in locals: through d, every varint cost two loads and a store.
+func (d *decoder) next(e *gpu.Event) (ends, ok bool) {
+	buf, pos := d.buf, d.pos
+	if pos >= len(buf) || d.err != nil {
 		return false, false
 	}
+	tag := buf[pos]
+	pos++
+	var ext byte
+	if tag&tagExt != 0 {
+		if pos >= len(buf) {
+			d.err = errCorrupt
+			return false, false
+		}
+		ext = buf[pos]
+		pos++
+	}
+	var v uint64
+	e.Action, e.Pool = gpu.Action(tag&15), gpu.Pool(tag>>tagPoolShift&3)
+	e.Seq = d.st.seq + 1
+	if ext&extSeq != 0 {
+		v, pos = uvarintAt(buf, pos)
+		e.Seq += unzigzag(v)
+	}
+	if pos < len(buf) && buf[pos] < 0x80 {
+		v, pos = uint64(buf[pos]), pos+1
+	} else {
+		v, pos = uvarintLong(buf, pos)
+	}
+	e.TimeUS = d.st.us + int64(v)
+	e.Stream = d.st.stream
+	if tag&tagStream != 0 {
+		v, pos = uvarintAt(buf, pos)
+		e.Stream = unzigzag(v)
+	}
+	if pos < len(buf) && buf[pos] < 0x80 {
+		v, pos = uint64(buf[pos]), pos+1
+	} else {
+		v, pos = uvarintLong(buf, pos)
+	}
+	e.Addr = d.st.addr + uint64(unzigzag(v))
+	if pos < len(buf) && buf[pos] < 0x80 {
+		e.Size, pos = uint64(buf[pos]), pos+1
+	} else {
+		e.Size, pos = uvarintLong(buf, pos)
+	}
+	e.BlockSize, e.DeviceFree = 0, 0
+	if hasBlock(e.Action) {
+		if pos < len(buf) && buf[pos] < 0x80 {
+			v, pos = uint64(buf[pos]), pos+1
+		} else {
+			v, pos = uvarintLong(buf, pos)
+		}
+		e.BlockSize = e.Size + v
+	} else if ext&extBlockSize != 0 {
+		e.BlockSize, pos = uvarintAt(buf, pos)
+	}
+	if ext&extDeviceFree != 0 {
+		e.DeviceFree, pos = uvarintAt(buf, pos)
+	}
+	if pos < len(buf) && buf[pos] < 0x80 {
+		v, pos = uint64(buf[pos]), pos+1
+	} else {
+		v, pos = uvarintLong(buf, pos)
+	}
+	e.Stack = gpu.StackID(v)
+	if pos > len(buf) {
+		d.err, d.pos = errCorrupt, len(buf)
+		return false, false
+	}
+	d.pos = pos
 	d.st = encState{seq: e.Seq, us: e.TimeUS, addr: e.Addr, stream: e.Stream}
 	return ext&extEnds != 0, true
 }
