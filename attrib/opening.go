@@ -22,16 +22,21 @@ type Opening struct {
 // (cuBLAS workspaces, first allocations, compilation).
 const steadyFactor = 1.5
 
+// openSteps is the most steady steps the view opens on: enough to see a
+// step's shape repeat, few enough that each is wide (a run of hundreds of
+// steps would otherwise open as a blur).
+const openSteps = 8
+
 // busyShare is the share of the events the opening window of a trace
 // without steps holds, and outShare the least share of the trace it must
 // leave out to be worth opening on (else the whole trace opens).
 const busyShare, outShare = 0.95, 0.5
 
 // Opening finds where the view of c's trace opens. Where steps are known,
-// on the steady steps: those from the first at most steadyFactor times the
-// median step's length on, the warm-up steps and whatever came before
-// them (loading a model) left of the window, when they take a tenth of the
-// trace or more. Without steps, on the shortest stretch that holds
+// on the first openSteps steady steps: those from the first at most
+// steadyFactor times the median step's length on, the warm-up steps and
+// whatever came before them (loading a model) left of the window, when they
+// take a tenth of the trace or more or when later steps are left out too. Without steps, on the shortest stretch that holds
 // busyShare of the events, when it leaves half of the trace or more out
 // (events at the start, then a long wait, then the work). Else the whole
 // trace.
@@ -45,21 +50,30 @@ func (c *Categorizer) Opening() (Opening, error) {
 	var out Opening
 	if steps := Steps(c.regions); len(steps) >= 2 {
 		k := steadyFrom(steps)
+		end := min(len(steps), k+openSteps) // the steps shown: k .. end-1
 		first := steps[k].StartUS
-		if first-t.FirstUS < span/10 {
+		if end == len(steps) && first-t.FirstUS < span/10 {
 			return whole, nil
 		}
 		out.T0, out.T1 = max(t.FirstUS, first-(t.LastUS-first)/30), t.LastUS
-		last := steps[len(steps)-1].Step
+		if end < len(steps) {
+			out.T1 = steps[end-1].EndUS
+		}
+		shown := fmt.Sprintf("steps %d–%d", steps[k].Step, steps[end-1].Step)
+		if end < len(steps) {
+			shown += fmt.Sprintf(" of %d–%d", steps[0].Step, steps[len(steps)-1].Step)
+		}
 		switch {
+		case k == 0 && first-t.FirstUS < span/10:
+			out.Note = fmt.Sprintf("Opened on %s.", shown)
 		case k == 0:
-			out.Note = fmt.Sprintf("Opened on the steps (%d–%d): the %s before them are left of the window.", steps[0].Step, last, gpu.FormatDuration(first-t.FirstUS))
+			out.Note = fmt.Sprintf("Opened on %s: the %s before them are left of the window.", shown, gpu.FormatDuration(first-t.FirstUS))
 		case k == 1:
-			out.Note = fmt.Sprintf("Opened on steps %d–%d, the steady ones: step %d (warm-up, %s) and the %s before it are left of the window.",
-				steps[k].Step, last, steps[0].Step, gpu.FormatDuration(steps[0].EndUS-steps[0].StartUS), gpu.FormatDuration(steps[0].StartUS-t.FirstUS))
+			out.Note = fmt.Sprintf("Opened on %s, the steady ones: step %d (warm-up, %s) and the %s before it are left of the window.",
+				shown, steps[0].Step, gpu.FormatDuration(steps[0].EndUS-steps[0].StartUS), gpu.FormatDuration(steps[0].StartUS-t.FirstUS))
 		default:
-			out.Note = fmt.Sprintf("Opened on steps %d–%d, the steady ones: steps %d–%d (warm-up, %s) and the %s before them are left of the window.",
-				steps[k].Step, last, steps[0].Step, steps[k-1].Step, gpu.FormatDuration(first-steps[0].StartUS), gpu.FormatDuration(steps[0].StartUS-t.FirstUS))
+			out.Note = fmt.Sprintf("Opened on %s, the steady ones: steps %d–%d (warm-up, %s) and the %s before them are left of the window.",
+				shown, steps[0].Step, steps[k-1].Step, gpu.FormatDuration(first-steps[0].StartUS), gpu.FormatDuration(steps[0].StartUS-t.FirstUS))
 		}
 	} else {
 		t0, t1, err := c.busiest()
