@@ -55,10 +55,11 @@ func (c *Categorizer) Opening() (Opening, error) {
 		if end == len(steps) && first-t.FirstUS < span/10 {
 			return whole, nil
 		}
-		out.T0, out.T1 = max(t.FirstUS, first-(t.LastUS-first)/30), t.LastUS
+		out.T1 = t.LastUS
 		if end < len(steps) {
 			out.T1 = steps[end-1].EndUS
 		}
+		out.T0 = max(t.FirstUS, first-(out.T1-first)/30)
 		shown := fmt.Sprintf("steps %d–%d", steps[k].Step, steps[end-1].Step)
 		if end < len(steps) {
 			shown += fmt.Sprintf(" of %d–%d", steps[0].Step, steps[len(steps)-1].Step)

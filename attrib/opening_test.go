@@ -44,6 +44,11 @@ func TestOpeningShowsAFewSteadySteps(t *testing.T) {
 				in++
 			}
 		}
+		// Before the first step shown, no more than a thirtieth of the
+		// window: the steps fill it.
+		if lead := steps[0].StartUS - o.T0; c.steps > 8 && (lead < 0 || lead > (o.T1-o.T0)/29) {
+			t.Errorf("%d steps: the window [%d, %d] starts %d µs before step 0", c.steps, o.T0, o.T1, lead)
+		}
 		if in != c.shown {
 			t.Errorf("%d steps: the opening window [%d, %d] holds the starts of %d steps, want %d", c.steps, o.T0, o.T1, in, c.shown)
 		}
