@@ -34,6 +34,7 @@ var allowedSkips = []struct{ file, msg, why string }{
 	{"gpu/cuda/cuda_test.go", "needs a CUDA GPU", "GPU tests: CI has none (TestFakeDriver runs them on a fake driver)"},
 	{"gpu/cuda/cuda_test.go", "maps the whole GPU page by page", "-short"},
 	{"store/bands_test.go", "writes 300k events", "-short"},
+	{"store/dense_test.go", "writes 300k events", "-short"},
 	{"cmd/vramscope/readme_test.go", "clones the repository and builds vramscope", "-short"},
 	{"server/perf_test.go", "set VRAMSCOPE_PERF=1", "a measurement, run when asked for"},
 	{"store/open_test.go", "cannot remount read-only", "a privilege (mount), not a tool"},
