@@ -332,7 +332,10 @@ class _Identity:
         prog = _prog()
         if self.rank is not None:
             prog = "%s rank %d" % (prog, self.rank)
-        self.name = name or "%s (cuda:%d)" % (prog, self.device)
+        # A server lists many jobs' traces: the name says which script and
+        # rank, on which machine and device, started when.
+        self.name = name or "%s · %s cuda:%d · %s" % (prog, socket.gethostname() or "unknown host", self.device,
+                                                     time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 class Watcher:
