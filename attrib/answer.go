@@ -1,6 +1,8 @@
 package attrib
 
 import (
+	"sync"
+
 	"vramscope/gpu"
 	"vramscope/store"
 )
@@ -145,21 +147,52 @@ func (c *Categorizer) StepPeaks(from, limit int) (StepsAnswer, error) {
 	return out, nil
 }
 
-// maxStepPeaks bounds the pages of step peaks a categorizer keeps.
-const maxStepPeaks = 8
+// maxStepPeaks bounds the pages of step peaks a categorizer keeps, and
+// maxEndedPeaks the ended steps' peaks the categorizers of a trace share.
+const (
+	maxStepPeaks  = 8
+	maxEndedPeaks = 100_000
+)
+
+// endedPeaks are the peaks of steps that had ended, events after them
+// stored, when they were read: a trace being written only grows after
+// them, so they stay what they are as it does. Safe for concurrent use.
+type endedPeaks struct {
+	mu    sync.Mutex
+	peaks map[store.Span]store.Peak
+}
 
 func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 	steps := Steps(c.regions)
 	total := len(steps)
 	steps = steps[min(from, total):min(from+limit, total)]
-	spans := make([]store.Span, len(steps))
+	// A live trace's page reads its steps again as it grows: only the
+	// steps not read to their end before cost their events.
+	peaks := make([]store.Peak, len(steps))
+	var spans []store.Span
+	var asked []int
+	c.ended.mu.Lock()
 	for i, st := range steps {
-		spans[i] = store.Span{T0: st.StartUS, T1: st.EndUS}
+		sp := store.Span{T0: st.StartUS, T1: st.EndUS}
+		if p, ok := c.ended.peaks[sp]; ok && !st.Open {
+			peaks[i] = p
+			continue
+		}
+		spans, asked = append(spans, sp), append(asked, i)
 	}
-	peaks, err := c.db.Peaks(c.trace.ID, spans)
+	c.ended.mu.Unlock()
+	read, err := c.db.Peaks(c.trace.ID, spans)
 	if err != nil {
 		return StepsAnswer{}, err
 	}
+	c.ended.mu.Lock()
+	for j, i := range asked {
+		peaks[i] = read[j]
+		if !steps[i].Open && steps[i].EndUS < c.trace.LastUS && len(c.ended.peaks) < maxEndedPeaks {
+			c.ended.peaks[spans[j]] = read[j]
+		}
+	}
+	c.ended.mu.Unlock()
 	meta, metaTotal, err := c.db.MetadataChanges(c.trace.ID, MaxMetadataChanges)
 	if err != nil {
 		return StepsAnswer{}, err
