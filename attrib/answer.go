@@ -1,6 +1,7 @@
 package attrib
 
 import (
+	"slices"
 	"sync"
 
 	"vramscope/gpu"
@@ -101,17 +102,26 @@ func (l *Live) Answer(g Grouping, all bool, rows int) LiveAnswer {
 }
 
 // StepPeak is a training step with its peak of allocated memory.
+// Complete says that it has ended and that no entry the job made in it
+// was lost: a live trace that reads a sample of the job's entries has
+// them only in its reads whole (gpu.WholeRead).
 type StepPeak struct {
 	Region
-	Peak store.Peak `json:"peak"`
+	Peak     store.Peak `json:"peak"`
+	Complete bool       `json:"complete"`
 }
 
 // StepsAnswer is a trace's annotated regions (steps and phases), a page
 // of its steps with their peaks, and where user_metadata changes.
+// Sampled says the trace lost entries of the job (a live trace that reads
+// a sample of them): its steps are complete only where read whole, and
+// Complete counts those of all its steps.
 type StepsAnswer struct {
 	Regions    []Region   `json:"regions"`
 	Steps      []StepPeak `json:"steps"`
 	StepsTotal int        `json:"steps_total"`
+	Sampled    bool       `json:"sampled"`
+	Complete   int        `json:"complete"`
 	// Metadata: where the events' user_metadata changes (the first
 	// MaxMetadataChanges).
 	Metadata      []store.MetadataChange `json:"metadata"`
@@ -205,9 +215,26 @@ func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 		out.Regions = []Region{}
 	}
 	for i := range steps {
-		out.Steps[i] = StepPeak{steps[i], peaks[i]}
+		out.Steps[i] = StepPeak{steps[i], peaks[i], c.complete(&steps[i])}
+	}
+	out.Sampled = c.trace.Dropped != nil && c.trace.Dropped.GapCount > 0
+	for _, st := range Steps(c.regions) {
+		if c.complete(&st) {
+			out.Complete++
+		}
 	}
 	return out, nil
+}
+
+// complete says whether a step has ended with no entry of the job lost in
+// it: in a trace that lost none, every ended step; else those within a
+// read whole.
+func (c *Categorizer) complete(st *Region) bool {
+	d := c.trace.Dropped
+	if st.Open || d != nil && d.GapCount > 0 && !slices.ContainsFunc(d.Whole, func(r gpu.WholeRead) bool { return r.Holds(st.StartUS, st.EndUS) }) {
+		return false
+	}
+	return true
 }
 
 // BandCategories is the category and sureness of each band of a window

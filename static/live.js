@@ -9,7 +9,10 @@
 // when it has handled this one, so a slow page gets fewer, fresher updates
 // instead of a backlog. Every message is also announced to the page as a
 // "tail" event of the view (detail: the message), for the parts that grow
-// with the trace (the event list, the steps).
+// with the trace (the event list, the steps). A stream that reads a sample
+// of the job's entries gets a control to read the next N steps whole.
+
+import { apiPost } from "./common.js";
 
 const MIN_GAP_MS = 150; // at most ~6 updates a second, whatever the rate
 const PROGRAM = { user: false }; // our moves, which do not stop following
@@ -129,6 +132,7 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       state.rate = m.rate;
       if (m.events > 0) state.lastUS = m.last_us;
       showLost(m);
+      whole.show(m);
       firstEvents(m);
       view.extendTo(state.lastUS ?? m.last_us);
       view.dispatchEvent(new CustomEvent("tail", { detail: m }));
@@ -152,6 +156,8 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
     };
   }
 
+  const whole = wholeSteps(view, badge);
+
   render();
   connect();
   return {
@@ -164,6 +170,53 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       view.removeEventListener("move", onMove);
       ws?.close();
       badge.remove();
+      whole.box.remove();
+    },
+  };
+}
+
+/**
+ * The control that asks the job to read every entry of its next N steps
+ * (POST /api/traces/{id}/complete), shown while a stream that reads a
+ * sample of them is live; it says when the steps asked for are being
+ * read, and how many reads whole the trace has.
+ */
+function wholeSteps(view, badge) {
+  const input = Object.assign(document.createElement("input"), { type: "number", min: 1, max: 10000, value: 10, id: "whole-steps" });
+  input.setAttribute("aria-label", "steps to read whole");
+  const button = Object.assign(document.createElement("button"), { type: "button", className: "btn", id: "whole-ask", textContent: "Read every entry" });
+  const note = Object.assign(document.createElement("span"), { className: "dim", id: "whole-note" });
+  const box = document.createElement("span");
+  box.className = "whole-steps";
+  box.hidden = true;
+  box.append(button, " of the next ", input, " steps ", note);
+  badge.after(box);
+  let asked = 0, whole = 0, failed = "";
+  const say = () => {
+    note.textContent = failed || (asked ? `reading the next ${asked} steps whole: the page shows them when they are over` :
+      whole ? `${whole} ${whole === 1 ? "read" : "reads"} whole so far: their steps are marked complete` :
+        "sampled: the job's entries are read in part, to keep its cost low");
+    note.classList.toggle("error", !!failed);
+  };
+  button.addEventListener("click", async () => {
+    failed = "";
+    try {
+      const r = await apiPost(`/api/traces/${encodeURIComponent(view.id)}/complete?steps=${Math.round(Number(input.value) || 10)}`);
+      asked = Math.max(asked, r.steps);
+    } catch (e) {
+      failed = e.message;
+    }
+    say();
+  });
+  return {
+    box,
+    show(m) {
+      box.hidden = !m.sampled || m.status !== "live";
+      asked = m.asked || 0;
+      whole = m.whole || 0;
+      box.dataset.asked = String(asked);
+      box.dataset.whole = String(whole);
+      say();
     },
   };
 }

@@ -292,6 +292,7 @@ export class Timeline {
       ctx.fillText(label, x0, TOP + STRIP / 2);
       lastEnd = x0 + w + 6;
     }
+    this.drawCompleteSteps(ctx, pal);
     ctx.strokeStyle = ctx.fillStyle = pal.dim;
     ctx.setLineDash([2, 3]);
     lastEnd = -Infinity;
@@ -306,6 +307,20 @@ export class Timeline {
       }
     }
     ctx.setLineDash([]);
+  }
+
+  // In a trace that read a sample of the job's entries, the steps read
+  // whole (no entry lost) are underlined in the strip.
+  drawCompleteSteps(ctx, pal) {
+    const v = this.view;
+    if (!v.stepsSampled) return;
+    ctx.fillStyle = pal.active;
+    for (const s of v.steps) {
+      if (!s.complete) continue;
+      const x0 = this.xOf(s.start_us), x1 = this.xOf(s.end_us);
+      if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
+      ctx.fillRect(x0, TOP + STRIP - 3, Math.max(2, x1 - x0), 3);
+    }
   }
 
   /** The step whose label strip is under a point, or null. */
