@@ -12,11 +12,20 @@ runs the job with recording alone, watched live, recording alone again
 and on out-of-memory only; then, as a busy machine's drift can swamp a few
 per cent between whole runs, the job once more watched, in chunks of
 --chunk steps with the watcher paused every other chunk (recording alone),
-the two kinds alternating. It prints one JSON object: each run's whole
-time and median step, the ratios to recording alone (whole runs, and the
-paired chunks: their sums and the median of the pairs' ratios), the worst
-stall (the longest watched step less the median), and how many entries the
-watcher read and lost.
+the two kinds alternating; and last, watched again, asking (as step
+--whole-at begins) for the next --whole steps whole. It prints one JSON
+object: each run's whole time and median step, the ratios to recording
+alone (whole runs, and the paired chunks: their sums and the median of the
+pairs' ratios), the worst stall (the longest watched step less the
+median), how many entries the watcher read and lost; for the run with
+steps read whole, the steps' time outside and inside the window (from the
+read that opens it to the one that ends it) to recording alone's, the
+steps the server marks complete, the entries the read whole held, and
+what a complete step cost: the extra time of the window's steps over
+recording alone's median, a complete step, and the read's own time.
+
+Every step is annotated ProfilerStep#N (START and END), as PyTorch's
+profiler does.
 """
 import argparse
 import io
@@ -26,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 
 here = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, here)
@@ -53,18 +63,23 @@ def calibrate(target_s, allocs):
         n *= 2
 
 
-def job(a, steps, allocs, work):
-    """steps training steps: each allocates `allocs` blocks between bits of
-    GIL-bound work, then frees them (3 entries an allocation)."""
+def job(a, steps, allocs, work, first=0, each=None):
+    """steps training steps (numbered from first): each allocates `allocs`
+    blocks between bits of GIL-bound work, then frees them (3 entries an
+    allocation). each(i), when given, runs as step i begins."""
     times = []
-    for _ in range(steps):
+    for i in range(first, first + steps):
+        if each:
+            each(i)
         t = time.perf_counter()
+        a.annotate("START", "ProfilerStep#%d" % i)
         addrs = []
         for _ in range(allocs):
             spin(work)
             addrs.append(a.alloc())
         for p in addrs:
             a.free(p)
+        a.annotate("END", "ProfilerStep#%d" % i)
         times.append(time.perf_counter() - t)
     return times
 
@@ -85,6 +100,8 @@ def main():
     p.add_argument("--duty", type=float, default=0.03)
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--chunk", type=int, default=50)
+    p.add_argument("--whole", type=int, default=20, help="steps asked for whole in the last run")
+    p.add_argument("--whole-at", type=int, default=None, help="the step that asks (default: the middle)")
     args = p.parse_args()
     a = standin_torch.install(args.us_per_entry)
     import vramscope_watch as vw
@@ -153,10 +170,53 @@ def main():
                      "median_pair_ratio": round(statistics.median(pairs), 4),
                      "worst_stall_ms": round((max(watched_steps) - med) * 1e3, 3), "gaps": w.gaps}
 
+    out["steps_whole"] = steps_whole(a, vw, args, work, log, out)
+
     base = (out["recording_alone"]["wall_s"] + out["recording_alone_again"]["wall_s"]) / 2
     out["ratio_watched"] = round(watched["wall_s"] / base, 4)
     out["ratio_on_oom"] = round(out["on_oom"]["wall_s"] / base, 4)
     print(json.dumps(out, indent=1))
+
+
+def steps_whole(a, vw, args, work, log, out):
+    """The job watched, asking as step whole_at begins for the next
+    `whole` steps whole; the window's steps (from the read that opens it
+    to the one that ends it) against the rest and recording alone."""
+    at = args.whole_at if args.whole_at is not None else args.steps // 2
+    alone = statistics.median([out["recording_alone"]["median_step_ms"], out["recording_alone_again"]["median_step_ms"]]) / 1e3
+    a.reset()
+    w = vw.watch(args.url, name="bench: %d steps whole" % args.whole, interval=args.interval, duty=args.duty, out=log)
+    job(a, 5, args.allocs, work)
+    inside = set()
+
+    def each(i):
+        if i == at:
+            w.complete(args.whole)
+        if w.window is not None:  # from the read that opens the window to the one that ends it
+            inside.add(i)
+
+    t = time.perf_counter()
+    times = job(a, args.steps, args.allocs, work, first=5, each=each)
+    wall = time.perf_counter() - t
+    w.close()
+    # What the server says of the steps: complete or sampled.
+    req = urllib.request.Request("%s/api/traces/%s/steps?limit=2000" % (args.url.rstrip("/"), w.traces[0]))
+    with urllib.request.urlopen(req) as resp:
+        st = json.load(resp)
+    complete = [s["step"] for s in st["steps"] if s["complete"]]
+    win = [times[i - 5] for i in sorted(inside) if 0 <= i - 5 < len(times)]
+    rest = [x for i, x in enumerate(times) if i + 5 not in inside]
+    read = w.windows[0] if w.windows else {}
+    extra = sum(win) - len(win) * alone
+    return {"asked": args.whole, "asked_at_step": at, "wall_s": round(wall, 3), "trace": w.traces[0],
+            "window_steps": len(win), "complete_steps": len(complete),
+            "complete_from_to": [min(complete), max(complete)] if complete else None,
+            "outside_ratio": round(statistics.mean(rest) / alone, 4) if rest else None,
+            "inside_ratio": round(statistics.mean(win) / alone, 4) if win else None,
+            "read_whole_entries": read.get("entries"), "read_whole_ring": read.get("ring"), "read_whole_s": read.get("read_s"),
+            "extra_per_complete_step_ms": round(extra / max(1, len(complete)) * 1e3, 3),
+            "read_per_complete_step_ms": round(read.get("read_s", 0) / max(1, len(complete)) * 1e3, 3),
+            "entries_sent": w.seq, "entries_made": 3 * args.allocs * (args.steps + 5), "gaps": w.gaps}
 
 
 if __name__ == "__main__":
