@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"vramscope/internal/testkit"
@@ -42,11 +43,15 @@ func BenchmarkPythonWatchOverhead(b *testing.B) {
 		us = "2.9"
 	}
 	for range b.N {
+		// The machine's load is said with the figures: on a shared
+		// machine it is what spreads them most.
+		load, _ := os.ReadFile("/proc/loadavg")
 		out, err := exec.Command(py, "testdata/bench_watch.py", "--url", srv.URL, "--steps", steps, "--us-per-entry", us).Output()
 		if err != nil {
 			b.Fatalf("%v\n%s", err, out)
 		}
-		b.Logf("%s", out)
+		after, _ := os.ReadFile("/proc/loadavg")
+		b.Logf("load average before: %s, after: %s%s", strings.TrimSpace(string(load)), strings.TrimSpace(string(after)), out)
 		var r struct {
 			RatioWatched float64 `json:"ratio_watched"`
 			RatioOnOOM   float64 `json:"ratio_on_oom"`

@@ -364,7 +364,7 @@ class Watcher:
     TAIL = 16  # entries remembered to find where the sent ones end
     MIN_RING = 1000
     STALL = 0.04  # the most one read may hold the GIL, in seconds
-    WINDOW_LOOK = 0.05  # seconds of entries a window's ring holds past its steps
+    WINDOW_LOOK = 0.25  # seconds of entries a window's ring holds past its steps: a busy machine may keep the watcher from looking
     MAX_MESSAGE = 7 << 20  # under the server's cap on a message (8 MiB by default)
 
     def __init__(self, url, token=None, device=None, interval=0.5, name=None, max_entries=100000,
@@ -565,8 +565,9 @@ class Watcher:
     def complete(self, steps=10):
         """Asks for every entry of the next `steps` training steps (as the
         trace names them: ProfilerStep#N, step N). Returns at once; the
-        watcher's thread does it. A request while one is under way adds
-        to nothing: the larger of the two is kept for the next."""
+        watcher's thread does it. Asked while steps are read whole, the
+        steps asked for are read after those; asked twice before they
+        begin, the larger number is read."""
         steps = int(steps)
         if not 0 < steps <= 10000:
             raise ValueError("vramscope: complete(%r): 1 to 10000 steps" % (steps,))
@@ -603,10 +604,10 @@ class Watcher:
             print("vramscope: %s: %r is not a number of steps (%s)" % (self.request_file, text, e), file=self.out)
 
     def _sized_for_window(self):
-        """Whether a window can open now: once the reads have seen how long
-        a step is and how fast entries come (a request made as the job
-        starts waits for two steps), or after ten reads without: a job
-        whose steps are not annotated."""
+        """Whether a window can open now: once the reads have seen how many
+        entries a step makes (a request made as the job starts waits for
+        two steps), or after ten reads without: a job whose steps are not
+        annotated gets the largest ring, read after a read interval a step."""
         if self._per_step():
             return True
         self.asked_reads += 1
@@ -619,8 +620,10 @@ class Watcher:
         per_step, rate = self._per_step(), self._rate()
         target = (asked + 1.5) * per_step if per_step else None
         # Room past the target for what comes while the watcher waits for
-        # the GIL to look (WINDOW_LOOK of the entries at the rate seen).
-        ring = int(min(self.max_window, (target or 0) + max(0.3 * (target or 0), rate * self.WINDOW_LOOK) + self.MIN_RING))
+        # the GIL, or a busy machine, to let it look (half the target and
+        # WINDOW_LOOK of entries at the rate seen): a ring costs memory,
+        # not time; a read costs the entries it holds.
+        ring = int(min(self.max_window, 1.5 * (target or 0) + rate * self.WINDOW_LOOK + self.MIN_RING))
         if target is None:
             ring = self.max_window  # nothing to size it by: the largest
         duty_ring = self.ring

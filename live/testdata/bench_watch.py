@@ -12,17 +12,18 @@ runs the job with recording alone, watched live, recording alone again
 and on out-of-memory only; then, as a busy machine's drift can swamp a few
 per cent between whole runs, the job once more watched, in chunks of
 --chunk steps with the watcher paused every other chunk (recording alone),
-the two kinds alternating; and last, watched again, asking (as step
---whole-at begins) for the next --whole steps whole. It prints one JSON
+the two kinds alternating; and last, in such chunks again, asking in the
+middle for the next --whole steps whole. It prints one JSON
 object: each run's whole time and median step, the ratios to recording
 alone (whole runs, and the paired chunks: their sums and the median of the
 pairs' ratios), the worst stall (the longest watched step less the
 median), how many entries the watcher read and lost; for the run with
-steps read whole, the steps' time outside and inside the window (from the
-read that opens it to the one that ends it) to recording alone's, the
-steps the server marks complete, the entries the read whole held, and
-what a complete step cost: the extra time of the window's steps over
-recording alone's median, a complete step, and the read's own time.
+steps read whole, the watched steps' mean time outside and inside the
+window (from the read that opens it to the one that ends it) to the
+paused steps' of the same run, the steps the server marks complete, the
+entries the read whole held, and what a complete step cost: the window's
+steps' time beyond the paused steps' mean, a complete step, and the
+read's own time.
 
 Every step is annotated ProfilerStep#N (START and END), as PyTorch's
 profiler does.
@@ -101,7 +102,6 @@ def main():
     p.add_argument("--interval", type=float, default=0.5)
     p.add_argument("--chunk", type=int, default=50)
     p.add_argument("--whole", type=int, default=20, help="steps asked for whole in the last run")
-    p.add_argument("--whole-at", type=int, default=None, help="the step that asks (default: the middle)")
     args = p.parse_args()
     a = standin_torch.install(args.us_per_entry)
     import vramscope_watch as vw
@@ -179,44 +179,61 @@ def main():
 
 
 def steps_whole(a, vw, args, work, log, out):
-    """The job watched, asking as step whole_at begins for the next
-    `whole` steps whole; the window's steps (from the read that opens it
-    to the one that ends it) against the rest and recording alone."""
-    at = args.whole_at if args.whole_at is not None else args.steps // 2
-    alone = statistics.median([out["recording_alone"]["median_step_ms"], out["recording_alone_again"]["median_step_ms"]]) / 1e3
+    """The job watched in chunks of --chunk steps, the watcher paused
+    (recording alone) every other chunk as in the paired run; as the watched
+    chunk at the middle begins it asks for the next `whole` steps whole,
+    and that chunk goes on until they are read. The window's steps (from
+    the read that opens it to the one that ends it, which it holds) and the
+    other watched steps, against the paused steps of the same run."""
     a.reset()
     w = vw.watch(args.url, name="bench: %d steps whole" % args.whole, interval=args.interval, duty=args.duty, out=log)
     job(a, 5, args.allocs, work)
-    inside = set()
+    chunks = max(2, args.steps // args.chunk)
+    ask_chunk = chunks // 2 if (chunks // 2) % 2 == 0 else chunks // 2 + 1  # a watched chunk (the even ones)
+    first, alone, watched, inside = 5, [], [], []
+    state = {"asked": False}
 
     def each(i):
-        if i == at:
-            w.complete(args.whole)
-        if w.window is not None:  # from the read that opens the window to the one that ends it
-            inside.add(i)
+        if state["asked"] and w.window is not None:  # from the read that opens the window to the one that ends it
+            state["in"].add(i)
 
-    t = time.perf_counter()
-    times = job(a, args.steps, args.allocs, work, first=5, each=each)
-    wall = time.perf_counter() - t
+    for k in range(chunks + 1):
+        on = k % 2 == 0
+        if not on:
+            w.lock.acquire()
+        if k == ask_chunk:
+            w.complete(args.whole)
+            state.update(asked=True, at=first, **{"in": set()})
+            times = []
+            while w.asked or w.window is not None or len(times) < args.chunk:
+                times += job(a, 1, args.allocs, work, first=first + len(times), each=each)
+            inside = [times[i - first] for i in sorted(state["in"])]
+            watched += [x for i, x in enumerate(times) if i + first not in state["in"]]
+        else:
+            times = job(a, args.chunk, args.allocs, work, first=first)
+            (watched if on else alone).extend(times)
+        first += len(times)
+        if not on:
+            w.lock.release()
     w.close()
     # What the server says of the steps: complete or sampled.
-    req = urllib.request.Request("%s/api/traces/%s/steps?limit=2000" % (args.url.rstrip("/"), w.traces[0]))
+    req = urllib.request.Request("%s/api/traces/%s/steps?limit=%d" % (args.url.rstrip("/"), w.traces[0], first + 10))
     with urllib.request.urlopen(req) as resp:
         st = json.load(resp)
     complete = [s["step"] for s in st["steps"] if s["complete"]]
-    win = [times[i - 5] for i in sorted(inside) if 0 <= i - 5 < len(times)]
-    rest = [x for i, x in enumerate(times) if i + 5 not in inside]
     read = w.windows[0] if w.windows else {}
-    extra = sum(win) - len(win) * alone
-    return {"asked": args.whole, "asked_at_step": at, "wall_s": round(wall, 3), "trace": w.traces[0],
-            "window_steps": len(win), "complete_steps": len(complete),
-            "complete_from_to": [min(complete), max(complete)] if complete else None,
-            "outside_ratio": round(statistics.mean(rest) / alone, 4) if rest else None,
-            "inside_ratio": round(statistics.mean(win) / alone, 4) if win else None,
+    base = statistics.mean(alone)
+    extra = sum(inside) - len(inside) * base
+    return {"asked": args.whole, "asked_at_step": state.get("at"), "trace": w.traces[0], "steps": first - 5,
+            "recording_alone_mean_ms": round(base * 1e3, 3),
+            "outside_ratio": round(statistics.mean(watched) / base, 4),
+            "inside_ratio": round(statistics.mean(inside) / base, 4) if inside else None,
+            "window_steps": len(inside), "window_step_ms": [round(x * 1e3, 1) for x in inside],
+            "complete_steps": len(complete), "complete_from_to": [min(complete), max(complete)] if complete else None,
             "read_whole_entries": read.get("entries"), "read_whole_ring": read.get("ring"), "read_whole_s": read.get("read_s"),
             "extra_per_complete_step_ms": round(extra / max(1, len(complete)) * 1e3, 3),
             "read_per_complete_step_ms": round(read.get("read_s", 0) / max(1, len(complete)) * 1e3, 3),
-            "entries_sent": w.seq, "entries_made": 3 * args.allocs * (args.steps + 5), "gaps": w.gaps}
+            "entries_sent": w.seq, "entries_made": 3 * args.allocs * first, "gaps": w.gaps}
 
 
 if __name__ == "__main__":
