@@ -616,7 +616,7 @@ class Watcher:
     def _open_window(self):
         """Begins reading `asked` steps whole: a read as every other, whose
         clear leaves a ring sized for the steps (and the one under way)."""
-        asked, self.asked, self.asked_reads = self.asked, 0, 0
+        asked = self.asked
         per_step, rate = self._per_step(), self._rate()
         target = (asked + 1.5) * per_step if per_step else None
         # Room past the target for what comes while the watcher waits for
@@ -632,6 +632,9 @@ class Watcher:
         self.ring = duty_ring
         self.window = {"asked": asked, "ring": ring, "opened": time.monotonic(), "target": target, "per_step": per_step,
                        "rate": rate, "wait": asked * self.interval, "count0": self.counted, "tries": 0, "read_s": 0.0}
+        # Asked until the window is open: one or the other, never neither.
+        self.asked = 0 if self.asked == asked else self.asked
+        self.asked_reads = 0
         return n
 
     def _made(self):
