@@ -884,12 +884,12 @@ class Watcher:
         long the read took (the GIL held for nearly all of it, a thread
         the machine let wait included) sizes the ring. While steps are
         read whole, it only looks at the counters until they are over."""
-        self._requested_by_file()
         if self.window is not None:
             if self._window_due():
                 self._close_window()
                 self._send()
             return
+        self._requested_by_file()
         t0 = time.perf_counter()
         if not self.clearing:
             self.asked = 0  # every entry is read already

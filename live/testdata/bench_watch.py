@@ -191,6 +191,7 @@ def steps_whole(a, vw, args, work, log, out):
     chunks = max(2, args.steps // args.chunk)
     ask_chunk = chunks // 2 if (chunks // 2) % 2 == 0 else chunks // 2 + 1  # a watched chunk (the even ones)
     first, alone, watched, inside = 5, [], [], []
+    chunk_s = {}  # chunk -> its steps' time, for pairs
     state = {"asked": False}
 
     def each(i):
@@ -212,6 +213,7 @@ def steps_whole(a, vw, args, work, log, out):
         else:
             times = job(a, args.chunk, args.allocs, work, first=first)
             (watched if on else alone).extend(times)
+            chunk_s[k] = sum(times)
         first += len(times)
         if not on:
             w.lock.release()
@@ -227,6 +229,9 @@ def steps_whole(a, vw, args, work, log, out):
     return {"asked": args.whole, "asked_at_step": state.get("at"), "trace": w.traces[0], "steps": first - 5,
             "recording_alone_mean_ms": round(base * 1e3, 3),
             "outside_ratio": round(statistics.mean(watched) / base, 4),
+            # each watched chunk but the window's with the paused chunk after it
+            "outside_median_pair_ratio": round(statistics.median(
+                chunk_s[k] / chunk_s[k + 1] for k in chunk_s if k % 2 == 0 and k + 1 in chunk_s), 4),
             "inside_ratio": round(statistics.mean(inside) / base, 4) if inside else None,
             "window_steps": len(inside), "window_step_ms": [round(x * 1e3, 1) for x in inside],
             "complete_steps": len(complete), "complete_from_to": [min(complete), max(complete)] if complete else None,
