@@ -229,9 +229,12 @@ def steps_whole(a, vw, args, work, log, out):
     return {"asked": args.whole, "asked_at_step": state.get("at"), "trace": w.traces[0], "steps": first - 5,
             "recording_alone_mean_ms": round(base * 1e3, 3),
             "outside_ratio": round(statistics.mean(watched) / base, 4),
-            # each watched chunk but the window's with the paused chunk after it
+            # each watched chunk but the window's against the paused chunks
+            # on either side (a drift of the machine cancels out)
             "outside_median_pair_ratio": round(statistics.median(
-                chunk_s[k] / chunk_s[k + 1] for k in chunk_s if k % 2 == 0 and k + 1 in chunk_s), 4),
+                chunk_s[k] / statistics.mean(chunk_s[j] for j in (k - 1, k + 1) if j in chunk_s)
+                for k in chunk_s if k % 2 == 0 and (k - 1 in chunk_s or k + 1 in chunk_s)), 4),
+            "chunk_s": [round(chunk_s.get(k, 0), 4) for k in range(chunks + 1)],
             "inside_ratio": round(statistics.mean(inside) / base, 4) if inside else None,
             "window_steps": len(inside), "window_step_ms": [round(x * 1e3, 1) for x in inside],
             "complete_steps": len(complete), "complete_from_to": [min(complete), max(complete)] if complete else None,
