@@ -206,7 +206,7 @@ def steps_whole(a, vw, args, work, log, out):
             w.complete(args.whole)
             state.update(asked=True, at=first, **{"in": set()})
             times = []
-            while w.asked or w.window is not None or len(times) < args.chunk:
+            while (w.asked or w.window is not None) and w.error is None or len(times) < args.chunk:
                 times += job(a, 1, args.allocs, work, first=first + len(times), each=each)
             inside = [times[i - first] for i in sorted(state["in"])]
             watched += [x for i, x in enumerate(times) if i + first not in state["in"]]

@@ -102,12 +102,13 @@ class Allocator:
             fn(0, size, SEGMENT_SIZE, 1 << 30)
         raise OutOfMemoryError("CUDA out of memory. Tried to allocate %d bytes" % size)
 
-    def segments(self):
+    def segments(self, live=None):
+        live = dict(self.blocks) if live is None else live
         blocks, at = [], SEGMENT
-        for addr in sorted(self.blocks):
+        for addr in sorted(live):
             if addr > at:
                 blocks.append({"address": at, "size": addr - at, "requested_size": 0, "state": "inactive", "frames": []})
-            size, requested, state = self.blocks[addr]
+            size, requested, state = live[addr]
             blocks.append({"address": addr, "size": size, "requested_size": requested, "state": state, "frames": FRAMES})
             at = addr + size
         if at < SEGMENT + SEGMENT_SIZE:
@@ -128,11 +129,14 @@ class Allocator:
         self.anns = collections.deque([] if clear_history else list(self.anns), maxlen=max(1, max_entries))
 
     def _snapshot(self, device=None):
-        entries = list(self.ring)
+        # The blocks, the ring and the annotations copied one after the
+        # other (a copy is one step the job's thread cannot cut into), as
+        # PyTorch reads them under its allocator's lock.
+        live, entries, anns = dict(self.blocks), list(self.ring), list(self.anns)
         t = time.perf_counter()
         sum(range(int(self.us_per_entry * len(entries) * self.per_us)))  # the GIL, held
         self.held_s += time.perf_counter() - t
-        return {"segments": self.segments(), "device_traces": [entries], "external_annotations": list(self.anns),
+        return {"segments": self.segments(live), "device_traces": [entries], "external_annotations": anns,
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
 
     def memory_stats(self, device=None):
