@@ -23,8 +23,9 @@ import (
 type stepGate struct {
 	next  gpu.Annotator
 	alloc *caching.Allocator
-	at    chan int  // a step is about to begin: its number
-	on    chan bool // go on (false: stop)
+	at    chan int      // a step is about to begin: its number
+	on    chan struct{} // go on
+	stop  chan struct{} // closed: go on without waiting (the test ended)
 }
 
 func (g *stepGate) Annotate(anns ...gpu.Annotation) {
@@ -33,8 +34,14 @@ func (g *stepGate) Annotate(anns ...gpu.Annotation) {
 		if a.Stage == "START" && strings.HasPrefix(a.Name, "ProfilerStep#") && a.Name != "ProfilerStep#0" {
 			fmt.Sscanf(a.Name, "ProfilerStep#%d", &k)
 			g.alloc.Flush()
-			g.at <- k
-			<-g.on
+			select {
+			case g.at <- k:
+				select {
+				case <-g.on:
+				case <-g.stop:
+				}
+			case <-g.stop:
+			}
 		}
 	}
 	g.next.Annotate(anns...)
@@ -79,23 +86,14 @@ func testBrowserLiveTraceFromFirstEventToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gate := &stepGate{next: c, alloc: a, at: make(chan int), on: make(chan bool)}
+	gate := &stepGate{next: c, alloc: a, at: make(chan int), on: make(chan struct{}), stop: make(chan struct{})}
 	w := tracer.DefaultTrain()
 	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 2, 256, 4096, 2, 128, 5
 	done := make(chan error, 1)
 	go func() {
 		done <- tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: c, Annotations: gate})
 	}()
-	defer func() {
-		for {
-			select {
-			case <-gate.at:
-				gate.on <- false
-			case <-done:
-				return
-			}
-		}
-	}()
+	defer func() { close(gate.stop); <-done }()
 	firstUS := int64(-1)
 	for k := 1; k < w.Steps; k++ {
 		if got := <-gate.at; got != k {
@@ -137,12 +135,12 @@ func testBrowserLiveTraceFromFirstEventToEnd(t *testing.T) {
 		if k == w.Steps/2 {
 			screenshot(t, ctx, dir, "live-midway")
 		}
-		gate.on <- true
+		gate.on <- struct{}{}
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	done <- nil // for the deferred drain
+	done <- nil // for the deferred wait
 	if err := c.Close(gpu.StatusComplete); err != nil {
 		t.Fatal(err)
 	}
