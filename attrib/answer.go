@@ -1,6 +1,9 @@
 package attrib
 
 import (
+	"slices"
+	"sync"
+
 	"vramscope/gpu"
 	"vramscope/store"
 )
@@ -99,17 +102,26 @@ func (l *Live) Answer(g Grouping, all bool, rows int) LiveAnswer {
 }
 
 // StepPeak is a training step with its peak of allocated memory.
+// Complete says that it has ended and that no entry the job made in it
+// was lost: a live trace that reads a sample of the job's entries has
+// them only in its reads whole (gpu.WholeRead).
 type StepPeak struct {
 	Region
-	Peak store.Peak `json:"peak"`
+	Peak     store.Peak `json:"peak"`
+	Complete bool       `json:"complete"`
 }
 
 // StepsAnswer is a trace's annotated regions (steps and phases), a page
 // of its steps with their peaks, and where user_metadata changes.
+// Sampled says the trace lost entries of the job (a live trace that reads
+// a sample of them): its steps are complete only where read whole, and
+// Complete counts those of all its steps.
 type StepsAnswer struct {
 	Regions    []Region   `json:"regions"`
 	Steps      []StepPeak `json:"steps"`
 	StepsTotal int        `json:"steps_total"`
+	Sampled    bool       `json:"sampled"`
+	Complete   int        `json:"complete"`
 	// Metadata: where the events' user_metadata changes (the first
 	// MaxMetadataChanges).
 	Metadata      []store.MetadataChange `json:"metadata"`
@@ -145,21 +157,52 @@ func (c *Categorizer) StepPeaks(from, limit int) (StepsAnswer, error) {
 	return out, nil
 }
 
-// maxStepPeaks bounds the pages of step peaks a categorizer keeps.
-const maxStepPeaks = 8
+// maxStepPeaks bounds the pages of step peaks a categorizer keeps, and
+// maxEndedPeaks the ended steps' peaks the categorizers of a trace share.
+const (
+	maxStepPeaks  = 8
+	maxEndedPeaks = 100_000
+)
+
+// endedPeaks are the peaks of steps that had ended, events after them
+// stored, when they were read: a trace being written only grows after
+// them, so they stay what they are as it does. Safe for concurrent use.
+type endedPeaks struct {
+	mu    sync.Mutex
+	peaks map[store.Span]store.Peak
+}
 
 func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 	steps := Steps(c.regions)
 	total := len(steps)
 	steps = steps[min(from, total):min(from+limit, total)]
-	spans := make([]store.Span, len(steps))
+	// A live trace's page reads its steps again as it grows: only the
+	// steps not read to their end before cost their events.
+	peaks := make([]store.Peak, len(steps))
+	var spans []store.Span
+	var asked []int
+	c.ended.mu.Lock()
 	for i, st := range steps {
-		spans[i] = store.Span{T0: st.StartUS, T1: st.EndUS}
+		sp := store.Span{T0: st.StartUS, T1: st.EndUS}
+		if p, ok := c.ended.peaks[sp]; ok && !st.Open {
+			peaks[i] = p
+			continue
+		}
+		spans, asked = append(spans, sp), append(asked, i)
 	}
-	peaks, err := c.db.Peaks(c.trace.ID, spans)
+	c.ended.mu.Unlock()
+	read, err := c.db.Peaks(c.trace.ID, spans)
 	if err != nil {
 		return StepsAnswer{}, err
 	}
+	c.ended.mu.Lock()
+	for j, i := range asked {
+		peaks[i] = read[j]
+		if !steps[i].Open && steps[i].EndUS < c.trace.LastUS && len(c.ended.peaks) < maxEndedPeaks {
+			c.ended.peaks[spans[j]] = read[j]
+		}
+	}
+	c.ended.mu.Unlock()
 	meta, metaTotal, err := c.db.MetadataChanges(c.trace.ID, MaxMetadataChanges)
 	if err != nil {
 		return StepsAnswer{}, err
@@ -172,9 +215,26 @@ func (c *Categorizer) readStepPeaks(from, limit int) (StepsAnswer, error) {
 		out.Regions = []Region{}
 	}
 	for i := range steps {
-		out.Steps[i] = StepPeak{steps[i], peaks[i]}
+		out.Steps[i] = StepPeak{steps[i], peaks[i], c.complete(&steps[i])}
+	}
+	out.Sampled = c.trace.Dropped != nil && c.trace.Dropped.GapCount > 0
+	for _, st := range Steps(c.regions) {
+		if c.complete(&st) {
+			out.Complete++
+		}
 	}
 	return out, nil
+}
+
+// complete says whether a step has ended with no entry of the job lost in
+// it: in a trace that lost none, every ended step; else those within a
+// read whole.
+func (c *Categorizer) complete(st *Region) bool {
+	d := c.trace.Dropped
+	if st.Open || d != nil && d.GapCount > 0 && !slices.ContainsFunc(d.Whole, func(r gpu.WholeRead) bool { return r.Holds(st.StartUS, st.EndUS) }) {
+		return false
+	}
+	return true
 }
 
 // BandCategories is the category and sureness of each band of a window

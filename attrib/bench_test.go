@@ -219,3 +219,55 @@ func BenchmarkStepPeaks(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkStepPeaksLive answers /steps of a live training trace of about
+// 1M events as its page reads them while it grows: every read comes after
+// more events (a new categorizer), through the cache the server keeps.
+// The steps that had ended keep their peaks; only the running one costs
+// its events.
+func BenchmarkStepPeaksLive(b *testing.B) {
+	db := testkit.OpenDB(b)
+	w := tracer.DefaultTrain()
+	w.Steps = 1_000_000 / eventsPerStep(b, w)
+	cfg, _ := caching.ParseConfig("")
+	wr, err := db.CreateTrace(gpu.TraceMeta{Name: "live train", Source: gpu.SourceLive, Capacity: 80 << 30}, gpu.NewLayout(cfg.Rules))
+	if err != nil {
+		b.Fatal(err)
+	}
+	clk := &tracer.Clock{US: 1_000_000}
+	a, err := caching.New(sim.New(80<<30), cfg, caching.WithSink(wr), caching.WithClock(clk.Now))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk, Stacks: wr, Annotations: wr}); err != nil {
+		b.Fatal(err)
+	}
+	wr.Annotate(gpu.Annotation{TimeUS: clk.Now(), Stage: "START", Name: fmt.Sprintf("ProfilerStep#%d", w.Steps)}) // running
+	if err := wr.Flush(); err != nil {
+		b.Fatal(err)
+	}
+	t, _ := db.Trace(wr.ID())
+	b.Logf("%d events, %d steps", t.Events, w.Steps+1)
+	cache := attrib.NewCache(1)
+	for b.Loop() {
+		clk.Advance(10)
+		p, err := a.Malloc(512, 0, 0)
+		if err == nil {
+			err = a.Free(p)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+		a.Flush()
+		if err := wr.Flush(); err != nil {
+			b.Fatal(err)
+		}
+		c, err := cache.Categorizer(db, wr.ID())
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := c.StepPeaks(0, 2000); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

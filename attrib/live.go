@@ -73,6 +73,9 @@ type Categorizer struct {
 	alive     map[int64]map[blockKey]bool // the allocations live at boundaries looked at
 	signs     map[gpu.StackID]frameSigns  // guarded by mu
 	stepPeaks map[[2]int]StepsAnswer      // by (from, limit); guarded by mu
+	// ended holds the peaks of the steps that had ended when they were
+	// read, shared by the categorizers of one trace as it grows (Cache).
+	ended *endedPeaks
 	// walkLimit: past this many events, reading the layout at a later
 	// time from its checkpoint costs less than walking the events up to it.
 	walkLimit int64
@@ -92,7 +95,8 @@ func NewCategorizer(db *store.DB, id string) (*Categorizer, error) {
 		return nil, err
 	}
 	c := &Categorizer{db: db, trace: t, regions: Regions(anns, t.LastUS+1), phases: map[Phase]spans{},
-		alive: map[int64]map[blockKey]bool{}, signs: map[gpu.StackID]frameSigns{}, stepPeaks: map[[2]int]StepsAnswer{}, walkLimit: 8192}
+		alive: map[int64]map[blockKey]bool{}, signs: map[gpu.StackID]frameSigns{}, stepPeaks: map[[2]int]StepsAnswer{}, walkLimit: 8192,
+		ended: &endedPeaks{peaks: map[store.Span]store.Peak{}}}
 	for _, r := range c.regions {
 		if r.Step >= 0 {
 			c.steps = append(c.steps, r.StartUS)
@@ -568,6 +572,8 @@ func (k *Cache) Categorizer(db *store.DB, id string) (*Categorizer, error) {
 	for _, e := range k.entries {
 		if e.key.id != id {
 			kept = append(kept, e)
+		} else if e.key.lastSeq <= key.lastSeq && e.key.count <= key.count {
+			c.ended = e.c.ended // the trace grew: the steps that had ended keep their peaks
 		}
 	}
 	if len(kept) >= k.max {

@@ -78,7 +78,9 @@ func phaseOf(name string) Phase {
 
 // Regions pairs a trace's START and END annotations (by name, the last
 // START with the first END after it) into regions, in order of start; a
-// START without its END runs to endUS. An END without a START is dropped.
+// START without its END is open: it runs to endUS, or, in a trace being
+// written whose events have not caught up with the step it began, ends
+// where it starts. An END without a START is dropped.
 func Regions(anns []gpu.Annotation, endUS int64) []Region {
 	sorted := anns
 	if !sort.SliceIsSorted(anns, func(i, j int) bool { return anns[i].TimeUS < anns[j].TimeUS }) {
@@ -102,7 +104,7 @@ func Regions(anns []gpu.Annotation, endUS int64) []Region {
 				kinds[a.Name] = k
 			}
 			open[a.Name] = append(open[a.Name], len(out))
-			out = append(out, Region{Name: a.Name, StartUS: a.TimeUS, EndUS: endUS, Open: true, Depth: depth, Step: k.step, Phase: k.phase})
+			out = append(out, Region{Name: a.Name, StartUS: a.TimeUS, EndUS: max(endUS, a.TimeUS), Open: true, Depth: depth, Step: k.step, Phase: k.phase})
 			depth++
 		case "END":
 			st := open[a.Name]

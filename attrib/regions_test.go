@@ -88,3 +88,66 @@ func TestCacheFollowsTheTrace(t *testing.T) {
 		t.Error("an unknown trace got a categorizer")
 	}
 }
+
+// While a job runs, its steps' annotations can come ahead of their
+// events: a step that has started and not ended, begun after the trace's
+// last event, is answered as open, with the peak it has so far (the state
+// it began in), never as an error; and once it ends, with its own.
+func TestOpenStepAheadOfItsEvents(t *testing.T) { testkit.EachBackend(t, testOpenStepAheadOfItsEvents) }
+
+func testOpenStepAheadOfItsEvents(t *testing.T) {
+	db := testkit.OpenDB(t)
+	w, err := db.CreateTrace(gpu.TraceMeta{Name: "running", Source: gpu.SourceLive}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const seg = 1 << 20
+	w.Emit([]gpu.Event{
+		{Seq: 0, TimeUS: 10, Action: gpu.ActionSegmentAlloc, Addr: seg, Size: 2 << 20},
+		{Seq: 1, TimeUS: 11, Action: gpu.ActionAlloc, Addr: seg, Size: 4096},
+		{Seq: 2, TimeUS: 30, Action: gpu.ActionFreeRequested, Addr: seg, Size: 4096},
+		{Seq: 3, TimeUS: 30, Action: gpu.ActionFreeCompleted, Addr: seg, Size: 4096},
+	})
+	w.Annotate(gpu.Annotation{TimeUS: 10, Stage: "START", Name: "ProfilerStep#0"},
+		gpu.Annotation{TimeUS: 40, Stage: "END", Name: "ProfilerStep#0"},
+		gpu.Annotation{TimeUS: 41, Stage: "START", Name: "ProfilerStep#1"}) // its events are yet to come
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	steps := func() attrib.StepsAnswer {
+		t.Helper()
+		c, err := attrib.NewCategorizer(db, w.ID())
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := c.StepPeaks(0, 10)
+		if err != nil {
+			t.Fatalf("steps of a running job: %v", err)
+		}
+		if len(out.Steps) != 2 {
+			t.Fatalf("steps %+v", out.Steps)
+		}
+		return out
+	}
+	s := steps().Steps
+	if s[0].Open || s[0].Peak.Seq != 1 || s[0].Peak.Allocated != 4096 {
+		t.Errorf("the ended step: %+v", s[0])
+	}
+	if !s[1].Open || s[1].StartUS != 41 || s[1].EndUS != 41 || s[1].Peak.Seq != 3 || s[1].Peak.Allocated != 0 {
+		t.Errorf("the step begun after the last event: %+v; want open at 41, entered after event 3 with nothing allocated", s[1])
+	}
+	w.Emit([]gpu.Event{{Seq: 4, TimeUS: 45, Action: gpu.ActionAlloc, Addr: seg, Size: 8192}})
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if s := steps().Steps; !s[1].Open || s[1].EndUS != 46 || s[1].Peak.Seq != 4 || s[1].Peak.Allocated != 8192 {
+		t.Errorf("the open step once its first event came: %+v", s[1])
+	}
+	w.Annotate(gpu.Annotation{TimeUS: 50, Stage: "END", Name: "ProfilerStep#1"})
+	if err := w.Close(gpu.StatusComplete); err != nil {
+		t.Fatal(err)
+	}
+	if s := steps().Steps; s[1].Open || s[1].EndUS != 50 || s[1].Peak.Seq != 4 {
+		t.Errorf("the step once ended: %+v", s[1])
+	}
+}

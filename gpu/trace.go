@@ -160,7 +160,32 @@ type Dropped struct {
 	// Filled counts the events the server stood in for lost ones with:
 	// those that bring its state to the job's at each gap.
 	Filled int64 `json:"filled,omitempty"`
+	// Whole are the reads of a live trace that hold every entry the job
+	// made between them and the read before (asked for by a user: the
+	// next N steps whole), the first MaxWholeShown.
+	Whole []WholeRead `json:"whole,omitempty"`
 }
+
+// WholeRead is a read of a live trace holding every entry the job made
+// since the one before it: events FirstSeq to LastSeq, made from FirstUS
+// to LastUS. Entries lost before it were made at or before FirstUS, those
+// lost after it at or after LastUS: a step that begins after FirstUS and
+// ends before LastUS lost none. Asked is how many steps the user asked
+// for.
+type WholeRead struct {
+	FirstSeq int64 `json:"first_seq"`
+	LastSeq  int64 `json:"last_seq"`
+	FirstUS  int64 `json:"first_us"`
+	LastUS   int64 `json:"last_us"`
+	Asked    int   `json:"asked"`
+}
+
+// MaxWholeShown is how many reads whole Dropped.Whole names.
+const MaxWholeShown = 1000
+
+// Holds says whether a span of time [t0, t1] lies strictly inside the read:
+// no entry made in it was lost.
+func (r WholeRead) Holds(t0, t1 int64) bool { return r.FirstUS < t0 && t1 < r.LastUS }
 
 // Gap is where a live trace lost entries of the job: between event
 // AfterSeq (-1: before the first) and event Seq. Lost is how many (-1:

@@ -65,6 +65,12 @@ type ingestConn struct {
 
 	device int // the trace's device, which its annotations are of
 
+	// sampled: the client reads a sample of the job's entries and takes
+	// requests for steps read whole, which asks carries to the flusher
+	// (the connection's writer).
+	sampled bool
+	asks    chan int
+
 	ids map[uint64]gpu.StackID // the client's stack ids to the writer's
 	msg message                // the message being stored
 }
@@ -99,7 +105,7 @@ func (h *Hub) ingest(c *websocket.Conn) {
 		reject(c, h.opt.WriteWait, `the first message must be {"type":"hello",...}, not type %q`, hi.Type)
 		return
 	}
-	s := &ingestConn{h: h, c: c, done: make(chan struct{}), ids: map[uint64]gpu.StackID{}}
+	s := &ingestConn{h: h, c: c, done: make(chan struct{}), ids: map[uint64]gpu.StackID{}, sampled: hi.Sampled, asks: make(chan int, 1)}
 	defer close(s.done)
 	var tr gpu.Trace
 	if tr, err = s.open(&hi); errors.Is(err, errEnded) {
@@ -120,9 +126,9 @@ func (h *Hub) ingest(c *websocket.Conn) {
 	}
 	defer h.release(s.t)
 	defer s.t.unclaim(s)
-	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS}
+	s.state = Tail{Status: gpu.StatusLive, Seq: tr.LastSeq, Events: tr.Events, FirstUS: tr.FirstUS, LastUS: tr.LastUS, Sampled: s.sampled}
 	if d := tr.Dropped; d != nil {
-		s.state.Gaps, s.state.Lost = d.GapCount, d.Lost
+		s.state.Gaps, s.state.Lost, s.state.Whole = d.GapCount, d.Lost, len(d.Whole)
 	}
 	s.fresh = tr.Events == 0
 	s.device = tr.DeviceOrdinal
@@ -405,6 +411,12 @@ func (s *ingestConn) flusher(flushed, flushedAnns int64, stop <-chan struct{}, s
 				s.c.Close()
 				return
 			}
+		case n := <-s.asks:
+			s.c.SetWriteDeadline(time.Now().Add(s.h.opt.WriteWait))
+			if s.c.WriteJSON(reply{Type: "complete", Steps: n}) != nil {
+				s.c.Close()
+				return
+			}
 		case <-tick.C:
 			s.mu.Lock()
 			st, anns, seq := s.state, s.anns, s.clientSeq(s.state.Seq)
@@ -440,4 +452,55 @@ func (s *ingestConn) finish(status gpu.TraceStatus) Tail {
 	}
 	s.t.publish(st)
 	return st
+}
+
+// Errors of Hub.Complete.
+var (
+	ErrNotStreaming    = errors.New("no job streams this trace to this server now")
+	ErrReadsEverything = errors.New("this trace's stream reads every entry of the job already: every step is complete")
+)
+
+// MaxCompleteSteps bounds how many steps one request asks for whole.
+const MaxCompleteSteps = 10000
+
+// Complete asks the job streaming trace id to this server to read every
+// entry of its next steps (its client reads a sample of them): it answers
+// later with a read whole (Poll.Whole), and the trace's viewers are told
+// of the request meanwhile (Tail.Asked).
+func (h *Hub) Complete(id string, steps int) error {
+	if steps < 1 || steps > MaxCompleteSteps {
+		return fmt.Errorf("steps %d: ask for 1 to %d", steps, MaxCompleteSteps)
+	}
+	h.mu.Lock()
+	t := h.topics[id]
+	h.mu.Unlock()
+	if t == nil {
+		return ErrNotStreaming
+	}
+	t.mu.Lock()
+	s := t.ingest
+	t.mu.Unlock()
+	if s == nil {
+		return ErrNotStreaming
+	}
+	if !s.sampled {
+		return ErrReadsEverything
+	}
+	s.mu.Lock()
+	s.state.Asked = max(s.state.Asked, steps)
+	st := s.state
+	s.mu.Unlock()
+	for n := steps; ; {
+		select {
+		case s.asks <- n:
+			s.t.publish(st)
+			return nil
+		default:
+		}
+		select {
+		case old := <-s.asks: // not sent yet: one request, the larger
+			n = max(n, old)
+		default:
+		}
+	}
 }

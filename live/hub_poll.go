@@ -110,6 +110,9 @@ func (s *ingestConn) readPoll() error {
 		k++
 		s.msg.events = append(s.msg.events, e)
 	}
+	if p.Whole > 0 && len(entries) > 0 {
+		s.wholeRead(next, k, entries, p.Whole)
+	}
 	if tr != nil && len(tr.Dropped) > 0 {
 		d := s.w.Dropped()
 		if d == nil {
@@ -134,6 +137,25 @@ func (s *ingestConn) readPoll() error {
 	}
 	s.pollAnnotations(p, tr)
 	return nil
+}
+
+// wholeRead records that the poll's k entries, stored from seq next on,
+// are every entry the job made since its read before: the steps within
+// are complete. The steps asked for are then read.
+func (s *ingestConn) wholeRead(next, k int64, entries []gpu.Event, asked int64) {
+	d := s.w.Dropped()
+	if d == nil {
+		d = &gpu.Dropped{}
+	}
+	if len(d.Whole) < gpu.MaxWholeShown {
+		d.Whole = append(d.Whole, gpu.WholeRead{FirstSeq: next, LastSeq: next + k - 1,
+			FirstUS: entries[0].TimeUS, LastUS: entries[len(entries)-1].TimeUS, Asked: int(asked)})
+	}
+	s.w.SetDropped(*d)
+	s.mu.Lock()
+	s.state.Whole++
+	s.state.Asked = 0
+	s.mu.Unlock()
 }
 
 // pollAnnotations queues the poll's annotations the trace lacks: they are

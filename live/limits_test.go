@@ -187,6 +187,7 @@ func FuzzDecodeMessage(f *testing.F) {
 	f.Add(true, AppendBatch(nil, []StackDef{{1, gpu.Stack{{Name: "f", Filename: "a.py", Line: 1}}}},
 		[]gpu.Event{{Seq: 3, TimeUS: 7, Action: gpu.ActionAlloc, Addr: 1 << 21, Size: 512, Stack: 1}}))
 	f.Add(true, AppendPoll(nil, Poll{Seq: 5, Lost: -1, Ann: 2, Pickle: []byte("\x80\x04}\x94.")}))
+	f.Add(true, AppendPoll(nil, Poll{Seq: 5, Lost: 7, Ann: 2, Whole: 20, Pickle: []byte("\x80\x04}\x94.")}))
 	f.Fuzz(func(t *testing.T, binary bool, data []byte) {
 		typ := websocket.TextMessage
 		if binary {
@@ -198,7 +199,7 @@ func FuzzDecodeMessage(f *testing.F) {
 		}
 		if m.poll != nil {
 			p, err := ParsePoll(AppendPoll(nil, *m.poll))
-			if err != nil || p.Seq != m.poll.Seq || p.Lost != m.poll.Lost || p.Ann != m.poll.Ann || !bytes.Equal(p.Pickle, m.poll.Pickle) {
+			if err != nil || p.Seq != m.poll.Seq || p.Lost != m.poll.Lost || p.Ann != m.poll.Ann || p.Whole != m.poll.Whole || !bytes.Equal(p.Pickle, m.poll.Pickle) {
 				t.Fatalf("a poll changed through encode and decode: %+v, %v", p, err)
 			}
 			return

@@ -170,6 +170,7 @@ func TestPollRefusals(t *testing.T) {
 		{pollOf(t, tr, 100, 200, 150, 0), "poll at entry 150: the trace has entries up to 99; a poll goes on from there"},
 		{AppendPoll(nil, Poll{Seq: 100, Pickle: []byte("not a pickle")}), "poll at entry 100: "},
 		{[]byte{pollVersion, 0x80}, "binary poll at byte 1: batch ends early"},
+		{[]byte{pollWholeVersion, 100, 0, 0, 0}, "binary poll read whole: 0 steps asked for, not in [1, 1048576]"},
 	} {
 		conn, _, err := websocket.DefaultDialer.Dial(url, nil)
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 
 	"vramscope/internal/testkit"
@@ -19,8 +20,12 @@ import (
 // the GIL for $VRAMSCOPE_BENCH_US_PER_ENTRY microseconds an entry (2.9,
 // the H200's), for $VRAMSCOPE_BENCH_STEPS steps (1,000) recording alone,
 // watched, recording alone again and on out-of-memory only, then in paired
-// chunks. It reports the ratios to recording alone and the worst stall;
-// the whole JSON is logged. One iteration takes about two minutes:
+// chunks, then watched asking for 20 steps whole in the middle. It reports
+// the ratios to recording alone and the worst stall, and for the steps
+// read whole the ratios outside and inside their window, how many came
+// complete, and what a complete step cost; the whole JSON is logged. It
+// fails if fewer steps come complete than were asked for. One iteration
+// takes about two and a half minutes:
 //
 //	go test ./live -run '^$' -bench PythonWatchOverhead -benchtime 1x -v
 func BenchmarkPythonWatchOverhead(b *testing.B) {
@@ -36,11 +41,15 @@ func BenchmarkPythonWatchOverhead(b *testing.B) {
 		us = "2.9"
 	}
 	for range b.N {
+		// The machine's load is said with the figures: on a shared
+		// machine it is what spreads them most.
+		load, _ := os.ReadFile("/proc/loadavg")
 		out, err := exec.Command(py, "testdata/bench_watch.py", "--url", srv.URL, "--steps", steps, "--us-per-entry", us).Output()
 		if err != nil {
 			b.Fatalf("%v\n%s", err, out)
 		}
-		b.Logf("%s", out)
+		after, _ := os.ReadFile("/proc/loadavg")
+		b.Logf("load average before: %s, after: %s%s", strings.TrimSpace(string(load)), strings.TrimSpace(string(after)), out)
 		var r struct {
 			RatioWatched float64 `json:"ratio_watched"`
 			RatioOnOOM   float64 `json:"ratio_on_oom"`
@@ -54,6 +63,14 @@ func BenchmarkPythonWatchOverhead(b *testing.B) {
 				Median float64 `json:"median_pair_ratio"`
 				Stall  float64 `json:"worst_stall_ms"`
 			} `json:"paired"`
+			Whole struct {
+				Asked    int     `json:"asked"`
+				Complete int     `json:"complete_steps"`
+				Outside  float64 `json:"outside_ratio"`
+				Inside   float64 `json:"inside_ratio"`
+				Extra    float64 `json:"extra_per_complete_step_ms"`
+				Read     float64 `json:"read_per_complete_step_ms"`
+			} `json:"steps_whole"`
 		}
 		if err := json.Unmarshal(out, &r); err != nil {
 			b.Fatal(fmt.Errorf("%v: %s", err, out))
@@ -64,5 +81,12 @@ func BenchmarkPythonWatchOverhead(b *testing.B) {
 		b.ReportMetric(r.RatioOnOOM, "on-oom/recording")
 		b.ReportMetric(r.Watched.Stall, "worst-stall-ms")
 		b.ReportMetric(r.Watched.Sent/r.Watched.Made, "entries-read/made")
+		if r.Whole.Complete < r.Whole.Asked {
+			b.Errorf("%d steps asked for whole, %d complete", r.Whole.Asked, r.Whole.Complete)
+		}
+		b.ReportMetric(r.Whole.Outside, "outside-window/recording")
+		b.ReportMetric(r.Whole.Inside, "inside-window/recording")
+		b.ReportMetric(r.Whole.Extra, "ms-per-complete-step")
+		b.ReportMetric(r.Whole.Read, "read-ms-per-complete-step")
 	}
 }

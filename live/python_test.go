@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -298,8 +299,14 @@ func TestPythonWatchRanks(t *testing.T) {
 		if err != nil || !ok || of.Name != "job" || of.Rank != i {
 			t.Fatalf("trace %s: run %+v, %v, %v", id, of, ok, err)
 		}
-		if !strings.Contains(tr.Name, fmt.Sprintf("rank %d", i)) || tr.Events == 0 || tr.Status != gpu.StatusComplete {
+		if tr.Events == 0 || tr.Status != gpu.StatusComplete {
 			t.Errorf("trace %+v", tr)
+		}
+		// A list of many jobs' traces tells them apart: script, rank,
+		// host, device and start time.
+		host, _ := os.Hostname()
+		if !regexp.MustCompile(fmt.Sprintf(`^watch_rank_driver\.py rank %d · %s cuda:\d+ · \d{4}-\d\d-\d\d \d\d:\d\d:\d\d$`, i, regexp.QuoteMeta(host))).MatchString(tr.Name) {
+			t.Errorf("trace named %q", tr.Name)
 		}
 		runs = append(runs, of.ID)
 	}

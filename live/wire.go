@@ -32,7 +32,10 @@
 // server records a gap there, how many entries it lost (as the poll says;
 // unknown when it does not know) and fills it with the events that bring
 // its state to the job's. Those take sequence numbers of their own: the
-// numbers the client sends, acks and ready count only its entries. A text events message may also carry the job's
+// numbers the client sends, acks and ready count only its entries. A
+// poll that reads whole (version 3, Poll.Whole) holds every entry the job
+// made since the ring was last cleared: the steps within it are complete
+// (see RequestComplete below). A text events message may also carry the job's
 // annotations (its steps and phases, as a snapshot's
 // external_annotations), "annotations":[{"time_us":..,"stage":"START"|"END",
 // "name":..}], numbered in the order sent from 0: "ready" and every "ack"
@@ -46,6 +49,10 @@
 // events up to N (and A annotations) are committed, ends with {"type":"done","seq":N} after the client's
 // {"type":"end","status":"complete"|"failed"}, and sends
 // {"type":"error","error":"..."} before closing on anything it refuses.
+// A client that reads a sample of the job's entries says so in its hello
+// ("sampled":true); the server may then ask it, for a user, to read every
+// entry of the next N steps: {"type":"complete","steps":N}. It answers in
+// time with a poll that reads whole.
 // A connection that drops leaves the trace incomplete, ready to resume; a
 // hello resuming a trace that was ended (complete or failed) is answered
 // with its done, so a client whose done was lost learns its end was stored.
@@ -54,7 +61,7 @@
 //
 //	{"type":"tail","trace":ID,"status":"live","seq":N,"events":E,
 //	 "first_us":..,"last_us":..,"rate":R,"coalesced":C,"sent_ms":..,
-//	 "gaps":G,"lost":L}
+//	 "gaps":G,"lost":L,"sampled":true,"asked":N,"whole":W}
 //
 // each of which says everything a page needs to follow the tail (it then
 // fetches what it shows through the JSON API), so a newer one replaces an
@@ -62,7 +69,10 @@
 // folded into the one sent. The server sends one message per credit: the
 // first comes with the connection, and the viewer sends {"type":"more"} when
 // it is ready for the next, so a slow page gets fewer, fresher updates and
-// never holds up ingest or other viewers.
+// never holds up ingest or other viewers. sampled says the stream reads a
+// sample of the job's entries (steps can be asked for whole), asked how
+// many steps a user asked for whole that are not read yet, whole how many
+// reads whole the trace has.
 package live
 
 import (
@@ -84,6 +94,9 @@ type hello struct {
 	Meta     gpu.TraceMeta   `json:"meta"`
 	Snapshot json.RawMessage `json:"snapshot,omitempty"`
 	Run      *RunJoin        `json:"run,omitempty"`
+	// Sampled: the client reads a sample of the job's entries, and reads
+	// the next N steps whole when asked to.
+	Sampled bool `json:"sampled,omitempty"`
 }
 
 // RunJoin, in a hello that starts a trace, makes the trace rank Rank of
@@ -125,6 +138,7 @@ type reply struct {
 	Annotations int64  `json:"annotations,omitempty"` // how many the server has
 	URL         string `json:"url,omitempty"`
 	Error       string `json:"error,omitempty"`
+	Steps       int    `json:"steps,omitempty"` // "complete": how many steps to read whole
 }
 
 // jsonEvent is a PyTorch trace entry plus its sequence number.
@@ -173,6 +187,12 @@ type Tail struct {
 	// were known lost (gpu.Dropped's GapCount and Lost).
 	Gaps int   `json:"gaps,omitempty"`
 	Lost int64 `json:"lost,omitempty"`
+	// Sampled: the stream reads a sample of the job's entries; Asked:
+	// steps a user asked for whole, not read yet; Whole: the reads whole
+	// the trace has (gpu.Dropped's Whole).
+	Sampled bool `json:"sampled,omitempty"`
+	Asked   int  `json:"asked,omitempty"`
+	Whole   int  `json:"whole,omitempty"`
 }
 
 // StackDef is a stack the client defines for the ids its events use.
@@ -184,46 +204,71 @@ type StackDef struct {
 // batchVersion opens every binary batch.
 const batchVersion = 1
 
-// pollVersion opens every binary poll.
-const pollVersion = 2
+// pollVersion opens every binary poll; pollWholeVersion one that reads
+// whole.
+const (
+	pollVersion      = 2
+	pollWholeVersion = 3
+)
 
 // Poll is one read of a PyTorch job's ring: its entries are numbered from
 // Seq; Lost says how many entries the client knows were lost before them
 // (0: none known, -1: some, how many unknown); its annotations are
 // numbered from Ann; Pickle is a PyTorch snapshot (pickle protocol 2 to
 // 5, or JSON) holding the entries, the annotations and the segments after
-// them.
+// them. Whole, when not 0, says the read holds every entry the job made
+// since the ring was last cleared, and is how many steps were asked for.
 type Poll struct {
 	Seq    int64
 	Lost   int64
 	Ann    int64
+	Whole  int64
 	Pickle []byte
 }
 
-// AppendPoll appends p's binary form: the version byte, uvarint Seq,
-// varint Lost, uvarint Ann, then the pickle to the end of the message.
+// maxWholeSteps bounds the steps a poll says were asked for whole.
+const maxWholeSteps = 1 << 20
+
+// AppendPoll appends p's binary form: the version byte (3 when it reads
+// whole, else 2), uvarint Seq, varint Lost, uvarint Ann, uvarint Whole
+// (version 3 only), then the pickle to the end of the message.
 func AppendPoll(buf []byte, p Poll) []byte {
-	buf = append(buf, pollVersion)
+	v := byte(pollVersion)
+	if p.Whole > 0 {
+		v = pollWholeVersion
+	}
+	buf = append(buf, v)
 	buf = binary.AppendUvarint(buf, uint64(p.Seq))
 	buf = binary.AppendVarint(buf, p.Lost)
 	buf = binary.AppendUvarint(buf, uint64(p.Ann))
+	if p.Whole > 0 {
+		buf = binary.AppendUvarint(buf, uint64(p.Whole))
+	}
 	return append(buf, p.Pickle...)
 }
 
 // ParsePoll decodes a binary poll; the pickle is not copied.
 func ParsePoll(b []byte) (Poll, error) {
 	r := byteReader{b: b}
-	if v := r.byte(); v != pollVersion {
-		return Poll{}, fmt.Errorf("binary poll version %d, want %d", v, pollVersion)
+	v := r.byte()
+	if v != pollVersion && v != pollWholeVersion {
+		return Poll{}, fmt.Errorf("binary poll version %d, want %d or %d", v, pollVersion, pollWholeVersion)
 	}
 	seq, lost, ann := r.uvarint(), r.varint(), r.uvarint()
+	var whole uint64
+	if v == pollWholeVersion {
+		whole = r.uvarint()
+	}
 	if r.err != nil {
 		return Poll{}, fmt.Errorf("binary poll at byte %d: %w", r.off, r.err)
 	}
 	if seq > 1<<62 || ann > 1<<62 || lost < -1 {
 		return Poll{}, fmt.Errorf("binary poll: entry %d, annotation %d, %d lost: out of range", seq, ann, lost)
 	}
-	return Poll{Seq: int64(seq), Lost: lost, Ann: int64(ann), Pickle: b[r.off:]}, nil
+	if v == pollWholeVersion && (whole == 0 || whole > maxWholeSteps) {
+		return Poll{}, fmt.Errorf("binary poll read whole: %d steps asked for, not in [1, %d]", whole, maxWholeSteps)
+	}
+	return Poll{Seq: int64(seq), Lost: lost, Ann: int64(ann), Whole: int64(whole), Pickle: b[r.off:]}, nil
 }
 
 // AppendBatch appends the binary form of stacks and events to buf: a version
@@ -385,7 +430,7 @@ type message struct {
 func (m *message) decode(typ int, msg []byte) error {
 	m.end, m.status = false, ""
 	m.defs, m.events, m.frames, m.anns, m.poll = m.defs[:0], m.events[:0], nil, m.anns[:0], nil
-	if typ == websocket.BinaryMessage && len(msg) > 0 && msg[0] == pollVersion {
+	if typ == websocket.BinaryMessage && len(msg) > 0 && (msg[0] == pollVersion || msg[0] == pollWholeVersion) {
 		p, err := ParsePoll(msg)
 		m.poll = &p
 		return err

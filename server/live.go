@@ -1,10 +1,12 @@
 package server
 
 import (
+	"errors"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
 
+	"vramscope/gpu"
 	"vramscope/live"
 	"vramscope/live/python"
 	"vramscope/server/guard"
@@ -39,5 +41,35 @@ func (s *Server) mountLive(r chi.Router) {
 			w.Header().Set("Content-Type", "text/x-python; charset=utf-8")
 			w.Write(src)
 		})
+	}
+}
+
+// apiComplete asks the job streaming a trace to read every entry of its
+// next steps (POST ?steps=N, 10 when not given): 202 once asked, the read
+// to come later; 409 when no job streams the trace to this server, or its
+// stream reads every entry already.
+func (s *Server) apiComplete(w http.ResponseWriter, r *http.Request) {
+	p := &params{r: r}
+	steps := p.intIn("steps", 10, 1, live.MaxCompleteSteps)
+	if !p.check(w) {
+		return
+	}
+	id := chi.URLParam(r, "id")
+	tr, err := s.opt.DB.Trace(id)
+	if err != nil {
+		s.storeError(w, r, err)
+		return
+	}
+	switch err := s.hub.Complete(id, int(steps)); {
+	case errors.Is(err, live.ErrNotStreaming):
+		why := "its stream has ended"
+		if tr.Status == gpu.StatusLive {
+			why = "it streams to another server of the team, or its job is reconnecting: ask again in a moment, or on that server"
+		}
+		writeError(w, http.StatusConflict, "trace %s: %v (%s)", id, err, why)
+	case err != nil:
+		writeError(w, http.StatusConflict, "trace %s: %v", id, err)
+	default:
+		writeJSON(w, http.StatusAccepted, map[string]any{"trace": id, "steps": steps})
 	}
 }

@@ -73,7 +73,9 @@ func testBrowserFollowsLiveTrace(t *testing.T) {
 	waitFor(t, ctx, "paused badge", `document.querySelector(".live-badge").dataset.following === "0"`)
 	paused := within(t, ctx, "window end", chromedp.Evaluate[float64](`window.vramscope.t1`))
 	step(4)
-	time.Sleep(500 * time.Millisecond)
+	// Once the page has taken the update that a following page would
+	// have moved on, a paused one has not moved.
+	waitFor(t, ctx, "the paused page told of step 4", `window.vramscope.live.state.seq >= `+strconvI(a.Seq()-1))
 	if now := within(t, ctx, "window end", chromedp.Evaluate[float64](`window.vramscope.t1`)); now != paused {
 		t.Errorf("a paused view moved: t1 %v -> %v", paused, now)
 	}
@@ -123,7 +125,7 @@ func testBrowserLiveTraceBeforeItsFirstEvent(t *testing.T) {
 		events: document.getElementById("events").innerText,
 		peak: String(document.getElementById("go-peak").hidden),
 	})`))
-	if !strings.Contains(shown["events"], "reload") || strings.Contains(shown["events"], "snapshot") || shown["peak"] != "false" {
+	if !strings.Contains(shown["events"], "listed as they come") || strings.Contains(shown["events"], "snapshot") || shown["peak"] != "false" {
 		t.Errorf("%q", shown)
 	}
 }
@@ -252,10 +254,13 @@ func testBrowserListFollowsLiveTrace(t *testing.T) {
 	}
 	waitFor(t, ctx, "the end of the run's stream", runRow+`.dataset.live === undefined && !`+runRow+`.cells[4].querySelector(".events")`)
 	screenshot(t, ctx, dir, "list-live-ended")
-	reads := `performance.getEntriesByType("resource").filter(e => e.initiatorType === "xmlhttprequest").length`
-	before := within(t, ctx, "list reads", chromedp.Evaluate[int](reads))
-	time.Sleep(4 * time.Second) // longer than the list waits between reads
-	if after := within(t, ctx, "list reads", chromedp.Evaluate[int](reads)); after != before || before == 0 {
-		t.Errorf("the list read itself %d times while live, %d more once nothing was", before, after-before)
+	// The list read itself while rows were live; once none is, it has no
+	// read to come or under way (the page says when it schedules one).
+	waitFor(t, ctx, "the list to stop following", `document.querySelector("table.traces tbody").dataset.following === undefined`)
+	reads := within(t, ctx, "list reads", chromedp.Evaluate[map[string]int](`({
+		done: performance.getEntriesByType("resource").filter(e => e.initiatorType === "xmlhttprequest").length,
+		started: window.vramscopeListReads})`))
+	if reads["started"] == 0 || reads["done"] != reads["started"] {
+		t.Errorf("the list read itself %d times while live, %d of them done once nothing was", reads["started"], reads["done"])
 	}
 }

@@ -123,9 +123,13 @@ func (s *Server) pageTrace(w http.ResponseWriter, r *http.Request) {
 
 // opening is where a trace's page opens when its URL names no window
 // (attrib.Opening): the steady steps, or where the events are; the whole
-// trace when that cannot be read.
+// trace when that cannot be read, and while it streams (the page follows
+// it from its first event).
 func (s *Server) opening(t gpu.Trace) attrib.Opening {
 	whole := attrib.Opening{T0: t.FirstUS, T1: t.LastUS, E0: max(0, t.FirstSeq), E1: t.LastSeq + 1}
+	if t.Status == gpu.StatusLive {
+		return whole
+	}
 	c, err := s.cats.Categorizer(s.opt.DB, t.ID)
 	if err != nil {
 		return whole

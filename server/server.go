@@ -137,6 +137,7 @@ func New(opt Options) *Server {
 			r.Route("/{id}", func(r chi.Router) {
 				r.Get("/", s.apiTrace)
 				r.With(guard.RequireToken(opt.Token)).Delete("/", s.apiDeleteTrace)
+				r.With(guard.RequireToken(opt.Token)).Post("/complete", s.apiComplete)
 				r.Get("/usage", s.apiUsage)
 				r.Get("/seqtimes", s.apiSeqTimes)
 				r.Get("/seqat", s.apiSeqAt)

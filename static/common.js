@@ -183,6 +183,19 @@ export async function apiDelete(url) {
   }
 }
 
+/** POST to url, asking for the token once on a 401; the answer's JSON. */
+export async function apiPost(url) {
+  const send = () => fetchOK(url, { method: "POST", headers: { Accept: "application/json", ...authHeader() } });
+  let res;
+  try {
+    res = await send();
+  } catch (e) {
+    if (e.status !== 401 || !askToken()) throw e;
+    res = await send();
+  }
+  return res.json();
+}
+
 const THEME_KEY = "vramscope-theme";
 
 /** The theme in force: the saved choice, else the system's. */

@@ -4,7 +4,7 @@
 // shown. The row of the cursor's event is marked; a click puts the cursor
 // right after that event, and ↑/↓ step it. Lists taller than a browser can
 // scroll map the scroll position onto the events instead of one pixel row
-// per event pixel.
+// per event pixel. A live trace's list grows as its events come (grow).
 import { api, el, fmtAddr, fmtBytes } from "./common.js";
 
 const ROW = 20, PAGE = 256, MAX_PX = 4e6;
@@ -23,8 +23,9 @@ export class EventList {
     this.rows = el("div", { class: "vrows", role: "listbox", "aria-label": "Events" });
     box.replaceChildren(this.spacer, this.rows);
     if (!this.n) {
-      box.append(el("p", { class: "dim" }, view.noEvents ? "No events: the snapshot holds the allocator's state at one instant."
-        : "No events when the page opened: reload to list those that came since."));
+      this.empty = el("p", { class: "dim" }, view.noEvents ? "No events: the snapshot holds the allocator's state at one instant."
+        : "No events yet: they are listed as they come.");
+      box.append(this.empty);
     }
     this.spacer.style.height = Math.min(this.n * ROW, MAX_PX) + "px";
     box.addEventListener("scroll", () => this.render());
@@ -37,6 +38,24 @@ export class EventList {
   }
 
   get visible() { return Math.max(1, Math.floor(this.box.clientHeight / ROW)); }
+
+  /**
+   * The trace now has events first..last (a live trace grew): the list
+   * takes them, and reads again the page that held the old last event,
+   * which was read before the events after it came.
+   */
+  grow(first, last) {
+    const v = this.view, n = first < 0 ? 0 : Math.max(0, last - first + 1);
+    if (first === v.firstSeq && n === this.n) return;
+    if (first !== v.firstSeq) this.pages.clear();
+    else for (const p of [...this.pages.keys()]) if (p >= Math.floor(Math.max(0, this.n - 1) / PAGE)) this.pages.delete(p);
+    v.firstSeq = first;
+    v.lastSeq = last;
+    this.n = n;
+    if (n) this.empty?.remove();
+    this.spacer.style.height = Math.min(this.n * ROW, MAX_PX) + "px";
+    this.render();
+  }
 
   /** The index of the first row shown. */
   first() {
@@ -60,12 +79,14 @@ export class EventList {
   page(p) {
     if (!this.pages.has(p)) {
       const from = this.view.firstSeq + p * PAGE;
+      // A request grow() let go of (its page was read before the events
+      // after it came) keeps nothing.
       const req = api(`/api/traces/${this.view.id}/events?from=${from}&to=${from + PAGE}`).then((r) => {
         const byseq = new Map(r.events.map((e) => [e.seq, e]));
         const pg = { byseq, labels: r.labels || {}, meta: r.user_metadata || {} };
-        this.pages.set(p, pg);
+        if (this.pages.get(p) === req) this.pages.set(p, pg);
         return pg;
-      }, (e) => { this.pages.delete(p); throw e; });
+      }, (e) => { if (this.pages.get(p) === req) this.pages.delete(p); throw e; });
       this.pages.set(p, req);
       if (this.pages.size > 64) this.pages.delete(this.pages.keys().next().value);
     }
@@ -74,9 +95,12 @@ export class EventList {
 
   render() {
     const v = this.view;
-    const first = this.first(), count = this.visible + 1;
-    // The rows sit at the top of the box's visible part.
-    this.rows.style.transform = `translateY(${this.box.scrollTop}px)`;
+    const first = this.first(), count = this.visible + 2;
+    // The rows sit where they scroll to (so the last one shows whole at
+    // the end); in a list taller than a browser scrolls, at the top of
+    // the box's visible part.
+    const at = this.n * ROW <= MAX_PX ? first * ROW : this.box.scrollTop;
+    this.rows.style.transform = `translateY(${at}px)`;
     const need = new Set();
     const out = [];
     const cur = v.segmap.data && (v.cursorSeq !== null || v.cursor !== null) ? v.segmap.data.seq : null;

@@ -192,10 +192,15 @@ async function refreshRows() {
   if (range) document.getElementById("list-range").textContent = range.textContent;
 }
 
+// rows.dataset.following says a read is to come or under way; the reads
+// made are counted for tests (window.vramscopeListReads).
+window.vramscopeListReads = 0;
 function followLive() {
-  if (!rows?.querySelector("tr[data-live]")) return;
+  if (!rows) return;
+  if (!rows.querySelector("tr[data-live]")) { delete rows.dataset.following; return; }
+  rows.dataset.following = "";
   setTimeout(async () => {
-    if (!document.hidden) await refreshRows();
+    if (!document.hidden) { window.vramscopeListReads++; await refreshRows(); }
     followLive();
   }, FOLLOW_MS);
 }

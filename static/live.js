@@ -1,11 +1,18 @@
 // Live following for the trace page. follow(view) opens /ws/traces/{id};
-// while the trace is live the timeline window slides with the newest event,
-// the cursor (and so the segment map) sits on it, and a badge shows the
-// event rate. Panning, zooming or moving the cursor stops following, to look
-// back; the L key (or a click on the badge) follows again. Each message is
-// the whole tail state, so one that arrives late replaces those before it;
-// the page asks for the next only when it has handled this one, so a slow
-// page gets fewer, fresher updates instead of a backlog.
+// while the trace is live the timeline window grows with the newest event
+// (from where it began: the whole trace, or its steps), the cursor (and so
+// the segment map) sits on it, and a badge shows the event rate. Panning,
+// zooming or moving the cursor stops following, to look back; the L key
+// (or a click on the badge) follows again, sliding a window of the span
+// the user chose. Each message is the whole tail state, so one that
+// arrives late replaces those before it; the page asks for the next only
+// when it has handled this one, so a slow page gets fewer, fresher updates
+// instead of a backlog. Every message is also announced to the page as a
+// "tail" event of the view (detail: the message), for the parts that grow
+// with the trace (the event list, the steps). A stream that reads a sample
+// of the job's entries gets a control to read the next N steps whole.
+
+import { apiPost } from "./common.js";
 
 const MIN_GAP_MS = 150; // at most ~6 updates a second, whatever the rate
 const PROGRAM = { user: false }; // our moves, which do not stop following
@@ -28,7 +35,9 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
   badge.setAttribute("aria-live", "polite");
   badgeParent?.prepend(badge);
 
-  const state = { following: true, status: "live", seq: -1, rate: 0, lastUS: null, updates: 0, stopped: false };
+  // grow: the window keeps its start and grows to the newest event, until
+  // the user moves it; after that, following slides the user's span.
+  const state = { following: true, grow: true, status: "live", seq: -1, rate: 0, lastUS: null, updates: 0, stopped: false };
   let ws = null, retry = 250;
 
   const onMove = (e) => { if (e.detail.user) pause(); };
@@ -46,15 +55,30 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
   function pause() {
     if (!state.following) return;
     state.following = false;
+    state.grow = false;
     render();
   }
 
   function jump() {
     if (state.lastUS === null) return;
     view.extendTo(state.lastUS);
-    const span = Math.max(10, view.t1 - view.t0);
-    view.setWindow(state.lastUS - span * 0.95, state.lastUS + span * 0.05, PROGRAM);
+    if (state.grow) {
+      const t0 = Math.max(view.t0, view.fullT0);
+      view.setWindow(t0, state.lastUS + Math.max(5, (state.lastUS - t0) * 0.02), PROGRAM);
+    } else {
+      const span = Math.max(10, view.t1 - view.t0);
+      view.setWindow(state.lastUS - span * 0.95, state.lastUS + span * 0.05, PROGRAM);
+    }
     view.setCursor(state.lastUS, PROGRAM);
+  }
+
+  // The first events of a trace the page opened empty: its time starts
+  // at the first of them, not at 0.
+  function firstEvents(m) {
+    if (m.events <= 0 || view.lastSeq >= 0 || view.fullT0 === m.first_us) return;
+    view.firstUS = view.fullT0 = m.first_us;
+    view.fullT1 = Math.max(view.fullT1, m.first_us + 1);
+    if (view.t0 < view.fullT0) { view.t0 = view.fullT0; view.t1 = Math.max(view.t1, view.fullT0 + 1); }
   }
 
   function resume() {
@@ -108,7 +132,10 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       state.rate = m.rate;
       if (m.events > 0) state.lastUS = m.last_us;
       showLost(m);
+      whole.show(m);
+      firstEvents(m);
       view.extendTo(state.lastUS ?? m.last_us);
+      view.dispatchEvent(new CustomEvent("tail", { detail: m }));
       if (state.following && m.events > 0) jump();
       render();
       // Ask for the next once this one is drawn, and not too soon.
@@ -129,6 +156,8 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
     };
   }
 
+  const whole = wholeSteps(view, badge);
+
   render();
   connect();
   return {
@@ -141,6 +170,53 @@ export function follow(view, { badgeParent = document.getElementById("view"), ke
       view.removeEventListener("move", onMove);
       ws?.close();
       badge.remove();
+      whole.box.remove();
+    },
+  };
+}
+
+/**
+ * The control that asks the job to read every entry of its next N steps
+ * (POST /api/traces/{id}/complete), shown while a stream that reads a
+ * sample of them is live; it says when the steps asked for are being
+ * read, and how many reads whole the trace has.
+ */
+function wholeSteps(view, badge) {
+  const input = Object.assign(document.createElement("input"), { type: "number", min: 1, max: 10000, value: 10, id: "whole-steps" });
+  input.setAttribute("aria-label", "steps to read whole");
+  const button = Object.assign(document.createElement("button"), { type: "button", className: "btn", id: "whole-ask", textContent: "Read every entry" });
+  const note = Object.assign(document.createElement("span"), { className: "dim", id: "whole-note" });
+  const box = document.createElement("span");
+  box.className = "whole-steps";
+  box.hidden = true;
+  box.append(button, " of the next ", input, " steps ", note);
+  badge.after(box);
+  let asked = 0, whole = 0, failed = "";
+  const say = () => {
+    note.textContent = failed || (asked ? `reading the next ${asked} steps whole: the page shows them when they are over` :
+      whole ? `${whole} ${whole === 1 ? "read" : "reads"} whole so far: their steps are marked complete` :
+        "sampled: the job's entries are read in part, to keep its cost low");
+    note.classList.toggle("error", !!failed);
+  };
+  button.addEventListener("click", async () => {
+    failed = "";
+    try {
+      const r = await apiPost(`/api/traces/${encodeURIComponent(view.id)}/complete?steps=${Math.round(Number(input.value) || 10)}`);
+      asked = Math.max(asked, r.steps);
+    } catch (e) {
+      failed = e.message;
+    }
+    say();
+  });
+  return {
+    box,
+    show(m) {
+      box.hidden = !m.sampled || m.status !== "live";
+      asked = m.asked || 0;
+      whole = m.whole || 0;
+      box.dataset.asked = String(asked);
+      box.dataset.whole = String(whole);
+      say();
     },
   };
 }

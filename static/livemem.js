@@ -138,24 +138,37 @@ export async function showJumps(view, goTo, ooms) {
     b.addEventListener("click", () => goTo(o.seq, o.time_us));
     box.append(b);
   }
+  await loadSteps(view, goTo);
+}
+
+/**
+ * Reads the trace's steps and regions (again, as a live trace grows) into
+ * the view, and the step menu of the live panel's head.
+ */
+export async function loadSteps(view, goTo) {
   const st = await api(`/api/traces/${view.id}/steps?limit=2000`);
   view.regions = st.regions;
   view.steps = st.steps;
+  view.stepsSampled = st.sampled; // then only the steps marked complete lost no entry
   view.metaMarks = st.metadata;
   view.goToStep = (r) => {
     const s = st.steps.find((x) => x.step === r.step && x.start_us === r.start_us);
     if (s) goToStepPeak(view, goTo, s);
   };
-  view.request("timeline");
+  view.redraw();
+  document.getElementById("step-select")?.remove();
   if (!st.steps.length) return;
   const sel = el("select", { id: "step-select", "aria-label": "Go to a step's peak" },
-    el("option", { value: "" }, `Step… (${st.steps_total})`));
-  for (const [i, s] of st.steps.entries()) sel.append(el("option", { value: String(i) }, `step ${s.step}: peak ${fmtBytes(s.peak.allocated_bytes)}`));
+    el("option", { value: "" }, `Step… (${st.steps_total}${st.sampled ? `, ${st.complete} complete` : ""})`));
+  for (const [i, s] of st.steps.entries()) {
+    const read = st.sampled ? (s.complete ? " · complete" : " · sampled") : "";
+    sel.append(el("option", { value: String(i) }, `step ${s.step}: peak ${fmtBytes(s.peak.allocated_bytes)}${s.open ? " so far (running)" : ""}${read}`));
+  }
   sel.addEventListener("change", () => {
     if (sel.value !== "") goToStepPeak(view, goTo, st.steps[Number(sel.value)]);
     sel.value = "";
   });
-  box.append(sel);
+  document.getElementById("live-jumps").append(sel);
 }
 
 /** Shows a step: the window on it, the cursor at its peak. */

@@ -111,7 +111,7 @@ export class Timeline {
     this.hover = null;
     this.layer = document.createElement("canvas");
     this.layerKey = "";
-    this.autoTop = 1;
+    this.autoTop = MIN_BYTES_SPAN;
     this.cssH = 300;
     this.listen();
   }
@@ -151,7 +151,7 @@ export class Timeline {
     let m = this.bands?.y_max || 0;
     const u = this.usage;
     if (u) for (let i = 1; i < u.reserved.length; i += 2) m = Math.max(m, u.reserved[i]);
-    this.autoTop = Math.max(1, m) * 1.05;
+    this.autoTop = Math.max(MIN_BYTES_SPAN, m * 1.05); // a trace of nothing yet gets an axis of whole bytes
   }
 
   yOf(b) { const [y0, y1] = this.yRange(); return TOP + this.plotH - ((b - y0) / (y1 - y0)) * this.dataH; }
@@ -339,6 +339,7 @@ export class Timeline {
       ctx.fillText(label, x0, TOP + STRIP / 2);
       lastEnd = x0 + w + 6;
     }
+    this.drawCompleteSteps(ctx, pal);
     ctx.strokeStyle = ctx.fillStyle = pal.dim;
     ctx.setLineDash([2, 3]);
     lastEnd = -Infinity;
@@ -353,6 +354,20 @@ export class Timeline {
       }
     }
     ctx.setLineDash([]);
+  }
+
+  // In a trace that read a sample of the job's entries, the steps read
+  // whole (no entry lost) are underlined in the strip.
+  drawCompleteSteps(ctx, pal) {
+    const v = this.view;
+    if (!v.stepsSampled) return;
+    ctx.fillStyle = pal.active;
+    for (const s of v.steps) {
+      if (!s.complete) continue;
+      const x0 = this.xOf(s.start_us), x1 = this.xOf(s.end_us);
+      if (x1 < AXIS_LEFT || x0 > AXIS_LEFT + this.plotW) continue;
+      ctx.fillRect(x0, TOP + STRIP - 3, Math.max(2, x1 - x0), 3);
+    }
   }
 
   /** The step whose label strip is under a point, or null. */
@@ -635,10 +650,12 @@ export class Timeline {
     // base written once, since its ticks would all round to the same size.
     const ticks = niceTicks(lo, hi, Math.max(3, Math.floor(this.plotH / 50)), true);
     const base = hi - lo < hi / 50 && ticks.length ? ticks[0] : 0;
+    this.memoryLabels = []; // as drawn, for tests
     for (const b of ticks) {
       const y = Math.round(this.yOf(b)) + 0.5;
       ctx.beginPath(); ctx.moveTo(AXIS_LEFT - 4, y); ctx.lineTo(AXIS_LEFT + this.plotW, y); ctx.stroke();
-      ctx.fillText(base && b !== base ? "+" + fmtBytesShort(b - base) : fmtBytesShort(b), AXIS_LEFT - 6, y);
+      this.memoryLabels.push(base && b !== base ? "+" + fmtBytesShort(b - base) : fmtBytesShort(b));
+      ctx.fillText(this.memoryLabels.at(-1), AXIS_LEFT - 6, y);
     }
     if (base) {
       ctx.textAlign = "left";

@@ -12,7 +12,7 @@ import { initKeys } from "./keys.js";
 import { EventList } from "./events.js";
 import { Search } from "./search.js";
 import { showSnapshot } from "./snapshot.js";
-import { LivePanel, showJumps } from "./livemem.js";
+import { LivePanel, showJumps, loadSteps } from "./livemem.js";
 import { phaseLegend } from "./timeline.js";
 
 const root = document.getElementById("view");
@@ -266,12 +266,57 @@ showIncidents(view, document.querySelector(".timeline-panel .legend")).then((lis
   ooms = list || [];
   document.getElementById("go-oom").hidden = !ooms.length;
   return showJumps(view, goTo, ooms);
-}).then(() => {
+}).then(showPhases).catch((e) => view.error("Incidents and steps: " + e.message));
+
+function showPhases() {
   const phases = document.getElementById("phase-legend");
   phases.replaceChildren(...phaseLegend(view.regions));
   phases.hidden = !phases.childElementCount;
-}).catch((e) => view.error("Incidents and steps: " + e.message));
-if (data.status === "live") view.live = follow(view);
+}
+
+// ---- a live trace grows ----------------------------------------------------
+
+// The event list takes the new events, and the steps (their regions and
+// peaks) are read again: at most every STEPS_MS while the trace streams
+// (a change within that is read at its end), and at once when it ends.
+const STEPS_MS = 2000;
+let stepsRead = 0, stepsReading = null, stepsDirty = false, stepsTimer = 0, streamEnded = false, firstSeqAsked = null;
+
+function readSteps() {
+  clearTimeout(stepsTimer);
+  stepsTimer = 0;
+  stepsRead = performance.now();
+  stepsReading = loadSteps(view, goTo).then(showPhases).catch((e) => view.error("Steps: " + e.message)).finally(() => {
+    stepsReading = null;
+    if (stepsDirty) scheduleSteps(); // the trace changed while they were read
+  });
+}
+
+function scheduleSteps() {
+  if (stepsReading) { stepsDirty = true; return; }
+  stepsDirty = false;
+  const wait = streamEnded ? 0 : STEPS_MS - (performance.now() - stepsRead);
+  if (wait <= 0) readSteps();
+  else stepsTimer ||= setTimeout(readSteps, wait);
+}
+
+async function grown(m) {
+  streamEnded = m.status !== "live";
+  scheduleSteps();
+  if (m.events > 0 && view.firstSeq < 0) {
+    // The page opened before the first event: which it is, the trace says.
+    firstSeqAsked ??= api(`/api/traces/${view.id}`).then((t) => t.first_seq);
+    const first = await firstSeqAsked;
+    if (first >= 0) events.grow(first, m.seq);
+  } else if (m.events > 0) {
+    events.grow(view.firstSeq, m.seq);
+  }
+}
+
+if (data.status === "live") {
+  view.live = follow(view);
+  view.addEventListener("tail", (e) => grown(e.detail));
+}
 if (data.status !== "live") {
   document.getElementById("needed-panel").hidden = false;
   showNeeded(view.id, document.getElementById("needed")).catch((e) => view.error("Memory needed: " + e.message));

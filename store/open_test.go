@@ -5,8 +5,11 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"vramscope/internal/hostile"
 )
@@ -51,24 +54,44 @@ func TestOpenSaysWhatIsWrong(t *testing.T) {
 	}
 }
 
+// A database another process holds the write lock of is refused after
+// the busy timeout, with what the open waited for and how long: on a
+// vramscope database it would have marked ended processes' traces, on a
+// new file it would have switched it to write-ahead logging.
 func TestOpenLocked(t *testing.T) {
 	db, path := openTemp(t)
 	db.Close()
-	c, err := sql.Open("sqlite3", path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	c.SetMaxOpenConns(1)
-	if _, err := c.Exec("BEGIN IMMEDIATE"); err != nil {
-		t.Fatal(err)
-	}
-	defer c.Exec("ROLLBACK")
-	if db, err := Open(path); err == nil {
-		db.Close()
-		t.Fatal("opened while another connection held the write lock")
-	} else if !strings.Contains(err.Error(), path+" is locked: another process has been writing to it") {
-		t.Errorf("%v", err)
+	fresh := filepath.Join(t.TempDir(), "new.db")
+	for _, tc := range []struct{ path, begin, doing string }{
+		{path, "BEGIN IMMEDIATE", "to mark the traces of processes that ended"},
+		{fresh, "BEGIN EXCLUSIVE", "to switch the file to write-ahead logging"},
+	} {
+		c, err := sql.Open("sqlite3", tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetMaxOpenConns(1)
+		if _, err := c.Exec(tc.begin); err != nil {
+			t.Fatal(err)
+		}
+		began := time.Now()
+		db, err := Open(tc.path)
+		took := time.Since(began).Seconds()
+		c.Exec("ROLLBACK")
+		c.Close()
+		if err == nil {
+			db.Close()
+			t.Fatalf("%s opened while another connection held the write lock", tc.path)
+		}
+		m := regexp.MustCompile(`^(.*) is locked: opening it waited ([0-9.]+) s for its write lock, (.*), which another process held \(`).FindStringSubmatch(err.Error())
+		if m == nil || m[1] != tc.path || m[3] != tc.doing {
+			t.Errorf("%v; want %s locked while %s", err, tc.path, tc.doing)
+			continue
+		}
+		// It says how long it waited: the busy timeout, no more than it took.
+		if waited, _ := strconv.ParseFloat(m[2], 64); waited < busyTimeout.Seconds() || waited > took+0.05 {
+			t.Errorf("says it waited %s s; the busy timeout is %v and the open took %.2f s", m[2], busyTimeout, took)
+		}
 	}
 }
 
@@ -114,6 +137,19 @@ func TestOpenNewFileAtOnce(t *testing.T) {
 			if err := <-errs; err != nil {
 				t.Fatalf("round %d: %v", round, err)
 			}
+		}
+		// The file is as one open alone makes it.
+		c, err := sql.Open("sqlite3", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var mode string
+		var vacuum int
+		c.QueryRow("PRAGMA journal_mode").Scan(&mode)
+		c.QueryRow("PRAGMA auto_vacuum").Scan(&vacuum)
+		c.Close()
+		if mode != "wal" || vacuum != autoVacuumIncremental {
+			t.Fatalf("round %d: journal mode %q, auto_vacuum %d; want wal, incremental", round, mode, vacuum)
 		}
 	}
 }

@@ -31,9 +31,10 @@ func openSQLite(path string) (*DB, error) {
 	if abs, err := filepath.Abs(path); err == nil {
 		path = abs
 	}
-	// auto_vacuum takes effect on a new database only; older ones are
-	// converted by enableAutoVacuum when there is room.
-	w, err := sql.Open("sqlite3", dsn(path, "_journal_mode=WAL&_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate&_auto_vacuum=incremental"))
+	began := time.Now()
+	// The journal mode and auto_vacuum are set by useWAL, not by the DSN
+	// on every connection: see there.
+	w, err := sql.Open("sqlite3", dsn(path, "_synchronous=NORMAL&_busy_timeout=5000&_txlock=immediate"))
 	if err != nil {
 		return nil, err
 	}
@@ -52,22 +53,68 @@ func openSQLite(path string) (*DB, error) {
 	r.SetMaxIdleConns(max(4, runtime.NumCPU()))
 	be := &sqliteBackend{path: path}
 	db := &DB{path: path, be: be, owner: int64(os.Getpid()), w: w, r: r, jobs: make(chan job, 4), done: make(chan struct{})}
+	if err := useWAL(w, began.Add(busyTimeout)); err != nil {
+		w.Close()
+		r.Close()
+		return nil, openError(path, err, time.Since(began), "to switch the file to write-ahead logging")
+	}
 	if err := db.roomy(func() error { return migrateSQLite(w) }); err != nil {
 		w.Close()
 		r.Close()
-		return nil, openError(path, err)
+		return nil, openError(path, err, time.Since(began), "to bring its schema up to date")
 	}
 	be.enableAutoVacuum(w)
 	if err := db.start(); err != nil {
-		return nil, openError(path, err)
+		return nil, openError(path, err, time.Since(began), "to mark the traces of processes that ended")
 	}
 	return db, nil
 }
 
+// busyTimeout is how long a write waits for another process's write lock
+// (the DSN's _busy_timeout).
+const busyTimeout = 5 * time.Second
+
+// useWAL puts the database in write-ahead logging (readers and the one
+// writer do not block each other), waiting until deadline for the lock
+// that takes. SQLite changes the mode by upgrading a read transaction to
+// a write one, and an upgrade does not call the busy handler (it could
+// deadlock): a process that opens a new file while another converts it
+// gets SQLITE_BUSY at once, whatever the busy timeout. So this waits as
+// the busy handler would. It also asks a new file for incremental
+// auto_vacuum, which takes effect only before the first table (older
+// files are converted by enableAutoVacuum when there is room); neither
+// is asked again of a file that has it, as that too takes the write lock.
+func useWAL(w *sql.DB, deadline time.Time) error {
+	var pages int64
+	if err := w.QueryRow("PRAGMA page_count").Scan(&pages); err != nil {
+		return err
+	}
+	if pages == 0 {
+		if _, err := w.Exec("PRAGMA auto_vacuum = INCREMENTAL"); err != nil {
+			return err
+		}
+	}
+	var mode string
+	if err := w.QueryRow("PRAGMA journal_mode").Scan(&mode); err != nil || mode == "wal" {
+		return err
+	}
+	pause := time.Millisecond
+	for {
+		err := w.QueryRow("PRAGMA journal_mode = WAL").Scan(&mode)
+		var se sqlite3.Error
+		if err == nil || !errors.As(err, &se) || se.Code != sqlite3.ErrBusy || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, 50*time.Millisecond)
+	}
+}
+
 // openError says what is wrong with the database at path, and what to do,
 // where SQLite's words ("unable to open database file: no such file or
-// directory" for a read-only folder) do not.
-func openError(path string, err error) error {
+// directory" for a read-only folder) do not. waited is how long the open
+// had been trying, doing what.
+func openError(path string, err error, waited time.Duration, doing string) error {
 	dir := filepath.Dir(path)
 	var se sqlite3.Error
 	errors.As(err, &se)
@@ -87,7 +134,8 @@ func openError(path string, err error) error {
 	case sqlite3.ErrNotADB:
 		return fmt.Errorf("%s is not a SQLite database: choose a vramscope database, or a new file name to make one", path)
 	case sqlite3.ErrBusy, sqlite3.ErrLocked:
-		return fmt.Errorf("%s is locked: another process has been writing to it for over 5 s (a vramscope import or trace into the same file?): try again when it ends, or choose another database file", path)
+		return fmt.Errorf("%s is locked: opening it waited %.1f s for its write lock, %s, which another process held (a vramscope import or trace into the same file?): try again when it ends, or choose another database file",
+			path, waited.Seconds(), doing)
 	}
 	return fmt.Errorf("%s: %w", path, err)
 }

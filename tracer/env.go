@@ -9,6 +9,7 @@ import (
 	"errors"
 	"maps"
 	"slices"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/gpu/caching"
@@ -45,8 +46,38 @@ type Env struct {
 	// Metrics the figures behind them.
 	Notes   []string
 	Metrics map[string]float64
+	// StepTime, when set, paces the workload so that a person can watch
+	// it live: each step (a training step, a phase of the fragmentation
+	// stress, a decode step of serving) begins no sooner than StepTime
+	// after the one before, in wall time; simulated time is unchanged.
+	StepTime time.Duration
 
-	regions []string // open regions, innermost last
+	regions []string  // open regions, innermost last
+	paced   int       // steps begun under StepTime
+	pacedAt time.Time // when the first of them began
+}
+
+// pace begins a step: under StepTime it first sends the events made so
+// far on (so that a live stream shows the step before) and waits for the
+// step's turn. It returns ctx's error, at once when ctx ends while it waits.
+func (e *Env) pace(ctx context.Context) error {
+	if e.StepTime <= 0 || ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if e.paced == 0 {
+		e.pacedAt = time.Now()
+	} else {
+		e.Alloc.Flush()
+		wait := time.NewTimer(time.Until(e.pacedAt.Add(time.Duration(e.paced) * e.StepTime)))
+		defer wait.Stop()
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-wait.C:
+		}
+	}
+	e.paced++
+	return nil
 }
 
 // begin opens the region name: a START annotation at the allocator's

@@ -50,6 +50,9 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 	}
 
 	// 1. Churn: mixed sizes come and go; a few stay as long-lived state.
+	if err := env.pace(ctx); err != nil {
+		return err
+	}
 	env.begin("churn")
 	var churn []uint64
 	for i := 0; i < 400; i++ {
@@ -76,6 +79,9 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 	env.end()
 
 	// 2. Big activations fill the device, then are freed: cached, unsplit.
+	if err := env.pace(ctx); err != nil {
+		return err
+	}
 	env.begin("fill")
 	var big, sizes []uint64
 	for env.Alloc.Reserved() < uint64(f.Fill*float64(capacity)) {
@@ -99,6 +105,9 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 	// 3. Slightly smaller tensors reuse the cached blocks (best fit, smallest
 	// first), splitting each; a small long-lived tensor (optimizer state, a
 	// KV entry) lands in every remainder and pins the block.
+	if err := env.pace(ctx); err != nil {
+		return err
+	}
 	env.begin("reuse")
 	slices.Sort(sizes)
 	var reuse, pins []uint64
@@ -127,6 +136,9 @@ func (f Frag) Run(ctx context.Context, env *Env) error {
 
 	// 4. One large tensor, half the device: more than the driver has free,
 	// less than what the cache holds in pieces.
+	if err := env.pace(ctx); err != nil {
+		return err
+	}
 	env.begin("allocate_output")
 	free, _, err := env.Alloc.Device().MemInfo()
 	if err != nil {

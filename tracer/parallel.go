@@ -236,7 +236,7 @@ func (st stage) Run(ctx context.Context, env *Env) error {
 	adam := tensors{}
 	inFlight := 0
 	for step := range p.Steps {
-		if err := ctx.Err(); err != nil {
+		if err := env.pace(ctx); err != nil {
 			return err
 		}
 		env.Clock.US = max(env.Clock.US, pipeStartUS+int64(step)*stepUS)

@@ -123,7 +123,7 @@ func (s ServeKV) Run(ctx context.Context, env *Env) error {
 	var samples int
 	finished := 0
 	for finished < s.Requests {
-		if err := ctx.Err(); err != nil {
+		if err := env.pace(ctx); err != nil {
 			return err
 		}
 		now := env.Clock.US - start

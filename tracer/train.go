@@ -146,7 +146,7 @@ func (t Train) Run(ctx context.Context, env *Env) error {
 
 	adam := tensors{}
 	for step := 0; step < t.Steps; step++ {
-		if err := ctx.Err(); err != nil {
+		if err := env.pace(ctx); err != nil {
 			return err
 		}
 		if t.StepUS > 0 {

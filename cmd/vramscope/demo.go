@@ -52,7 +52,7 @@ func seedDemo(db *store.DB) error {
 		}
 	}
 	rec, job := demoRun()
-	if err := recordRun(context.Background(), db, rec, job, "", io.Discard); err != nil {
+	if err := recordRun(context.Background(), db, rec, job, "", "", io.Discard); err != nil {
 		return fmt.Errorf("demo run: %w", err)
 	}
 	return nil

@@ -3,12 +3,15 @@ package main
 import (
 	"io"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"reflect"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"vramscope/gpu"
 	"vramscope/internal/testkit"
@@ -36,9 +39,23 @@ func TestTraceLiveStoresWhatItRecords(t *testing.T) {
 			if code != 0 {
 				t.Fatalf("exit %d: %s\n%s", code, errs, out)
 			}
-			m := regexp.MustCompile(`(?s)^trace (\S+):.*\nlive: \S+/traces/(\S+)\n`).FindStringSubmatch(out)
-			if m == nil {
-				t.Fatalf("no trace and live lines in\n%s", out)
+			// The live page first, then the local trace, and at the end
+			// the links a person opens, all on the live server.
+			m := regexp.MustCompile(`^live: (\S+)/traces/(\S+)\ntrace (\S+):`).FindStringSubmatch(out)
+			if m == nil || m[1] != srv.URL {
+				t.Fatalf("no live and trace lines in\n%s", out)
+			}
+			m[1] = m[3] // the local trace, as sameTrace takes them
+			links := regexp.MustCompile(`(?m)^(?:incident \d+: )?(http\S+)$`).FindAllStringSubmatch(out, -1)
+			if len(links) == 0 || links[0][1] != srv.URL+"/traces/"+m[2] {
+				t.Errorf("the link printed is not the live trace's page %s/traces/%s:\n%s", srv.URL, m[2], out)
+			}
+			for _, l := range links {
+				if resp, err := http.Get(l[1]); err != nil || resp.StatusCode != http.StatusOK {
+					t.Errorf("%s: %v %v", l[1], err, resp.Status)
+				} else {
+					resp.Body.Close()
+				}
 			}
 			local, err := store.Open(path)
 			if err != nil {
@@ -141,5 +158,55 @@ func sameTrace(t *testing.T, x *store.DB, a string, y *store.DB, b string, annot
 	}
 	if len(ia) != len(ib) || len(ia) != int(ta.OOMs) {
 		t.Errorf("local %d incidents, live %d, OOMs %d", len(ia), len(ib), ta.OOMs)
+	}
+}
+
+// A live server lists many jobs' traces: trace --live names each by its
+// workload, rank, machine and start time, and prints the pages of the
+// live server (each rank's as it starts, and the run's), not of --db.
+func TestTraceLiveNamesAndLinks(t *testing.T) {
+	remote := testkit.OpenDB(t)
+	srv := httptest.NewServer(server.New(server.Options{DB: remote, Addr: "127.0.0.1:0", Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}).Handler())
+	t.Cleanup(srv.Close)
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Truncate(time.Second)
+	code, out, errs := runCmd("trace", "--db", filepath.Join(t.TempDir(), "other.db"), "--live", srv.URL, "--quiet",
+		"--workload", "train", "--steps", "1", "--layers", "2", "--hidden", "512", "--ranks", "2")
+	after := time.Now()
+	if code != 0 {
+		t.Fatalf("exit %d: %s\n%s", code, errs, out)
+	}
+	ts, err := remote.Traces()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ts) != 2 {
+		t.Fatalf("%d traces on the live server", len(ts))
+	}
+	name := regexp.MustCompile(`^train pp×2 rank (\d) · (.+) · (\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)$`)
+	for _, tr := range ts {
+		m := name.FindStringSubmatch(tr.Name)
+		if m == nil || m[2] != host {
+			t.Errorf("live trace named %q; want its rank, host %s and start time", tr.Name, host)
+			continue
+		}
+		if at, err := time.ParseInLocation("2006-01-02 15:04:05", m[3], time.Local); err != nil || at.Before(before) || at.After(after) {
+			t.Errorf("%q: the start time is not when the command ran (%v to %v)", tr.Name, before, after)
+		}
+		if !strings.Contains(out, "rank "+m[1]+" live: "+srv.URL+"/traces/"+tr.ID+"\n") {
+			t.Errorf("rank %s's live page is not printed:\n%s", m[1], out)
+		}
+	}
+	run := regexp.MustCompile(`(?m)^run train pp×2 · .+: (\S+)$`).FindStringSubmatch(out)
+	if run == nil || !strings.HasPrefix(run[1], srv.URL+"/runs/") {
+		t.Fatalf("no run page of the live server in\n%s", out)
+	}
+	if resp, err := http.Get(run[1]); err != nil || resp.StatusCode != http.StatusOK {
+		t.Errorf("%s: %v %v", run[1], err, resp.Status)
+	} else {
+		resp.Body.Close()
 	}
 }

@@ -62,6 +62,7 @@ func TestTraceSettingMistakes(t *testing.T) {
 		{[]string{"--workload", "frag", "--capacity", "16"}, "--capacity 16 is 16 bytes, less than one 2.00 MiB segment: give a unit, as in 16GiB"},
 		{[]string{"--workload", "frag", "--capacity", "16GiBs"}, `--capacity: size "16GiBs": unknown unit`},
 		{[]string{"--workload", "frag", "--alloc-conf", "expandable_segments=True"}, "--alloc-conf: Unrecognized CachingAllocator option: expandable_segments=True"},
+		{[]string{"--workload", "train", "--step-time", "-2s"}, "--step-time -2s: a step cannot take less than no time"},
 		{[]string{"--workload", "frag", "--device", "cuda:1"}, `--device must be sim or cuda (or, with --workload replay, a snapshot's device number), not "cuda:1"`},
 	} {
 		code, _, errs := runCmd(append([]string{"trace", "--db", db, "--quiet"}, tc.args...)...)

@@ -36,6 +36,11 @@ type recording struct {
 	Source   gpu.TraceSource
 	Live     string // also stream to the server at this URL (live watching)
 	Token    string // the server's token, for Live
+	// Announce, when set, is told the page of the live trace as soon as
+	// the stream opens, so that a person can watch it run.
+	Announce func(link string)
+	// StepTime paces the workload for a person watching (tracer.Env).
+	StepTime time.Duration
 	// Run, when set, makes the recording rank Rank of that stored run
 	// (and, with Live, of the run named RunName on the server).
 	Run     string
@@ -49,6 +54,8 @@ type recorded struct {
 	OOMs  []*caching.OutOfMemoryError
 	Notes []string
 	Err   error // the run's own error, other than an OOM
+	// Live is the page of the trace on the live server (rec.Live), if any.
+	Live string
 	// Took is how long the workload ran; Driver, on a real GPU, the
 	// driver calls made meanwhile, the longest first.
 	Took   time.Duration
@@ -238,7 +245,10 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 			w.Abort()
 			return out, err
 		}
-		out.Notes = append(out.Notes, fmt.Sprintf("live: %s/traces/%s", strings.TrimRight(rec.Live, "/"), stream.TraceID()))
+		out.Live = pageURL(rec.Live, "/traces/"+stream.TraceID())
+		if rec.Announce != nil {
+			rec.Announce(out.Live)
+		}
 		tee := stream.Tee(w)
 		local, annotations = tee, tee
 	}
@@ -265,7 +275,7 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	f := initial.Figures()
 	sink := &counter{next: local, tot: gpu.Totals{Reserved: f.Reserved, Allocated: f.Allocated, Active: f.Active}}
 	gate.open(sink, a.Seq())
-	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch, Annotations: annotations}
+	env := &tracer.Env{Alloc: a, Clock: clk, Stacks: local, Touch: touch, Annotations: annotations, StepTime: rec.StepTime}
 
 	done := make(chan struct{})
 	if progress != nil {
@@ -321,4 +331,16 @@ func record(ctx context.Context, db *store.DB, rec recording, progress io.Writer
 	out.Notes = append(out.Notes, env.Notes...)
 	out.Trace, err = db.Trace(w.ID())
 	return out, err
+}
+
+// pageURL is the page at path of the server at base, given as http(s) or
+// ws(s), as a browser opens it.
+func pageURL(base, path string) string {
+	base = strings.TrimRight(base, "/")
+	if rest, ok := strings.CutPrefix(base, "ws://"); ok {
+		base = "http://" + rest
+	} else if rest, ok := strings.CutPrefix(base, "wss://"); ok {
+		base = "https://" + rest
+	}
+	return base + path
 }

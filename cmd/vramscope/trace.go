@@ -7,6 +7,8 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -91,8 +93,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	name := fs.String("name", "", "trace name (default: the workload and settings)")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same trace")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
-	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
-	liveURL := fs.String("live", "", "also stream the events, as they happen, to the vramscope server at this URL")
+	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI of --db is served, for the printed link (with --live, the links are the live server's)")
+	liveURL := fs.String("live", "", "also stream the events, as they happen, to the vramscope server at this URL; its page is printed at once")
+	stepTime := fs.Duration("step-time", 0, "pace the workload so that a person can watch it live: each step (train: a training step; frag: a phase; serve-kv: a decode step) begins no sooner than this after the one before, as in 500ms")
 	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "the --live server's token (default $VRAMSCOPE_TOKEN)")
 
 	train := tracer.DefaultTrain()
@@ -195,6 +198,12 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 			return usagef("--ranks: %v", err)
 		}
 	}
+	if *stepTime < 0 {
+		return usagef("--step-time %s: a step cannot take less than no time", *stepTime)
+	}
+	// A live server lists the traces of many runs: the default name says
+	// which machine ran this one, and when (a rank's adds its rank first).
+	var where string
 	if *name == "" {
 		*name = *workload
 		if job != nil {
@@ -202,6 +211,9 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 		}
 		if *conf != "" {
 			*name += " (" + *conf + ")"
+		}
+		if *liveURL != "" {
+			where = liveNameSuffix(time.Now())
 		}
 	}
 	if *name, err = checkName(*name); err != nil {
@@ -218,37 +230,72 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	if *quiet {
 		progress = nil
 	}
-	rec := recording{Name: *name, Workload: w, Replay: rs, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token}
+	rec := recording{Name: *name, Workload: w, Replay: rs, Device: *device, Capacity: capBytes, Conf: *conf, Live: *liveURL, Token: *token,
+		StepTime: *stepTime}
 	if job != nil {
-		return recordRun(ctx, db, rec, *job, *addr, stdout)
+		return recordRun(ctx, db, rec, *job, where, *addr, stdout)
 	}
+	rec.Name += where
+	out := &lockedWriter{w: stdout}
+	rec.Announce = func(link string) { fmt.Fprintf(out, "live: %s\n", link) }
 	res, err := record(ctx, db, rec, progress)
 	if err != nil {
 		return err
 	}
 	t := res.Trace
-	fmt.Fprintf(stdout, "trace %s: %d events, peak reserved %s, peak allocated %s\n", t.ID, t.Events,
+	fmt.Fprintf(out, "trace %s: %d events, peak reserved %s, peak allocated %s\n", t.ID, t.Events,
 		gpu.FormatBytes(t.PeakReserved), gpu.FormatBytes(t.PeakAllocated))
-	printTook(stdout, res.Took, res.Driver)
+	printTook(out, res.Took, res.Driver)
 	for _, n := range res.Notes {
-		fmt.Fprintln(stdout, n)
+		fmt.Fprintln(out, n)
 	}
 	for _, o := range res.OOMs {
-		fmt.Fprintf(stdout, "OOM: %s\n", o.Message)
+		fmt.Fprintf(out, "OOM: %s\n", o.Message)
 	}
-	fmt.Fprintf(stdout, "%s/traces/%s\n", *addr, t.ID)
 	incidents, err := db.Incidents(t.ID)
 	if err != nil {
 		return err
 	}
+	if res.Live != "" {
+		// The page a person can open is the live server's; the trace in
+		// --db is a copy that its own server would show.
+		fmt.Fprintf(out, "%s\n", res.Live)
+		for _, in := range incidents {
+			fmt.Fprintf(out, "incident %d: %s/incidents/%d\n", in.N, res.Live, in.N)
+		}
+		return res.Err
+	}
+	fmt.Fprintf(out, "%s/traces/%s\n", *addr, t.ID)
 	for _, in := range incidents {
 		token, err := incidentPermalink(db, t.ID, in.N)
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "incident %d: %s/p/%s\n", in.N, *addr, token)
+		fmt.Fprintf(out, "incident %d: %s/p/%s\n", in.N, *addr, token)
 	}
 	return res.Err
+}
+
+// liveNameSuffix tells a live trace's default name from those of other
+// runs on one server: " · HOST · the local time it started".
+func liveNameSuffix(start time.Time) string {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown host"
+	}
+	return " · " + host + " · " + start.Format("2006-01-02 15:04:05")
+}
+
+// lockedWriter lets the ranks of a run print lines at once.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // printTook says how long a workload ran and, on a real GPU, how much of
@@ -281,12 +328,13 @@ func short(d time.Duration) time.Duration {
 
 // recordRun records every rank of job as one run, ranks in parallel on
 // every core, each its own device and trace, and prints a line per rank
-// and the run's page.
-func recordRun(ctx context.Context, db *store.DB, rec recording, job tracer.Parallel, addr string, stdout io.Writer) error {
-	run, err := db.CreateRun(rec.Name, job.Ranks)
+// and the run's page. where ends the default names (liveNameSuffix).
+func recordRun(ctx context.Context, db *store.DB, rec recording, job tracer.Parallel, where, addr string, stdout io.Writer) error {
+	run, err := db.CreateRun(rec.Name+where, job.Ranks)
 	if err != nil {
 		return err
 	}
+	out := &lockedWriter{w: stdout}
 	results := make([]recorded, job.Ranks)
 	errs := make([]error, job.Ranks)
 	next := make(chan int)
@@ -297,8 +345,9 @@ func recordRun(ctx context.Context, db *store.DB, rec recording, job tracer.Para
 			defer wg.Done()
 			for r := range next {
 				one := rec
-				one.Name, one.Workload = fmt.Sprintf("%s rank %d", rec.Name, r), job.Rank(r)
-				one.Run, one.Rank, one.RunName, one.World = run, r, rec.Name, job.Ranks
+				one.Name, one.Workload = fmt.Sprintf("%s rank %d%s", rec.Name, r, where), job.Rank(r)
+				one.Run, one.Rank, one.RunName, one.World = run, r, rec.Name+where, job.Ranks
+				one.Announce = func(link string) { fmt.Fprintf(out, "rank %d live: %s\n", r, link) }
 				results[r], errs[r] = record(ctx, db, one, nil)
 				if errs[r] == nil {
 					errs[r] = results[r].Err
@@ -311,23 +360,60 @@ func recordRun(ctx context.Context, db *store.DB, rec recording, job tracer.Para
 	}
 	close(next)
 	wg.Wait()
+	live := ""
 	for r, res := range results {
 		if errs[r] != nil {
-			fmt.Fprintf(stdout, "rank %d: %v\n", r, errs[r])
+			fmt.Fprintf(out, "rank %d: %v\n", r, errs[r])
 			continue
 		}
 		t := res.Trace
-		fmt.Fprintf(stdout, "rank %d: trace %s, %d events, peak allocated %s", r, t.ID, t.Events, gpu.FormatBytes(t.PeakAllocated))
+		fmt.Fprintf(out, "rank %d: trace %s, %d events, peak allocated %s", r, t.ID, t.Events, gpu.FormatBytes(t.PeakAllocated))
 		for _, o := range res.OOMs {
-			fmt.Fprintf(stdout, ", OOM: %s", o.Message)
+			fmt.Fprintf(out, ", OOM: %s", o.Message)
 		}
-		fmt.Fprintln(stdout)
-		for _, n := range res.Notes {
-			if strings.HasPrefix(n, "live: ") {
-				fmt.Fprintf(stdout, "rank %d %s\n", r, n)
-			}
+		fmt.Fprintln(out)
+		if live == "" {
+			live = res.Live
 		}
 	}
-	fmt.Fprintf(stdout, "run %s: %s/runs/%s\n", run, addr, run)
+	if live != "" {
+		// The run's page on the live server: its id is the server's.
+		if page, err := liveRunPage(ctx, rec.Live, live); err == nil {
+			fmt.Fprintf(out, "run %s: %s\n", rec.Name+where, page)
+		} else {
+			fmt.Fprintf(out, "run %s: on the live server, from any rank's page (%v)\n", rec.Name+where, err)
+		}
+		return errors.Join(errs...)
+	}
+	fmt.Fprintf(out, "run %s: %s/runs/%s\n", run, addr, run)
 	return errors.Join(errs...)
+}
+
+// liveRunPage asks the live server at base which run the trace at page
+// (a rank's) belongs to, and answers that run's page.
+func liveRunPage(ctx context.Context, base, page string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	id := page[strings.LastIndexByte(page, '/')+1:]
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, pageURL(base, "/api/traces/"+url.PathEscape(id)), nil)
+	if err != nil {
+		return "", err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	var t struct {
+		Run *struct {
+			ID string `json:"id"`
+		} `json:"run"`
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("the server answered %s", resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&t); err != nil || t.Run == nil {
+		return "", fmt.Errorf("the server names no run of trace %s (%v)", id, err)
+	}
+	return pageURL(base, "/runs/"+url.PathEscape(t.Run.ID)), nil
 }

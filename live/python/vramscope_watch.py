@@ -40,6 +40,16 @@ said. duty=1 never clears: every read converts the whole ring (up to
 max_entries), and nothing is lost unless more than that come between two
 reads.
 
+Every entry of the next N steps, on request: from the trace page, the
+server's API, the job (Watcher.complete(N)), a file (echo N >
+/tmp/vramscope-PID.steps) or a signal (kill -USR1 PID: 10 steps), the
+watcher clears the ring once, sized for those steps (from the entries a
+step made in the reads before), reads nothing until they are over, then
+reads the whole ring at once and sends it marked as read whole: no entry
+of the steps that began and ended within it is lost. Then it goes back to
+its duty cycle. What such a step costs the job is PyTorch's _snapshot()
+of its entries, once (see docs/live.md).
+
 On out-of-memory only (on_oom(), or --on-oom): recording is on (PyTorch's
 own cost) and nothing else runs until PyTorch's OOM observer fires; then
 the snapshot is uploaded (its incident's link is printed) or written to a
@@ -55,11 +65,14 @@ import base64
 import json
 import os
 import pickle
+import re
 import select
+import signal
 import socket
 import ssl
 import struct
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -338,7 +351,10 @@ class _Identity:
         prog = _prog()
         if self.rank is not None:
             prog = "%s rank %d" % (prog, self.rank)
-        self.name = name or "%s (cuda:%d)" % (prog, self.device)
+        # A server lists many jobs' traces: the name says which script and
+        # rank, on which machine and device, started when.
+        self.name = name or "%s · %s cuda:%d · %s" % (prog, socket.gethostname() or "unknown host", self.device,
+                                                     time.strftime("%Y-%m-%d %H:%M:%S"))
 
 
 class Watcher:
@@ -354,11 +370,12 @@ class Watcher:
     TAIL = 16  # entries remembered to find where the sent ones end
     MIN_RING = 1000
     STALL = 0.04  # the most one read may hold the GIL, in seconds
+    WINDOW_LOOK = 0.25  # seconds of entries a window's ring holds past its steps: a busy machine may keep the watcher from looking
     MAX_MESSAGE = 7 << 20  # under the server's cap on a message (8 MiB by default)
 
     def __init__(self, url, token=None, device=None, interval=0.5, name=None, max_entries=100000,
                  stacks="python", duty=0.03, snapshot=None, start_recording=None, clear=None, count=None,
-                 out=sys.stderr, run=None, rank=None, world_size=None):
+                 out=sys.stderr, run=None, rank=None, world_size=None, max_window=1000000, request_file=None):
         if stacks not in ("python", "all"):
             raise ValueError("vramscope: stacks=%r: 'python' or 'all'" % (stacks,))
         if not 0 < duty <= 1:
@@ -394,6 +411,17 @@ class Watcher:
         self.error = None
         self.closed = False
         self._oom = False
+        # Steps read whole on request (complete()): asked and not begun,
+        # the window being read, and what each window read.
+        self.max_window = max(max_entries, max_window)
+        self.request_file = request_file or os.path.join(tempfile.gettempdir(), "vramscope-%d.steps" % os.getpid())
+        self.asked = 0
+        self.asked_reads = 0  # reads since the request, before the window could be sized
+        self.window = None
+        self.windows = []
+        self.steps_begun = 0  # steps whose start was read
+        self.made_steps = []  # (entries made, steps begun) as of the last reads
+        self.carry = 0  # entries lost after the last read's snapshot, before its clear
 
     # -- reading the ring --------------------------------------------------
 
@@ -418,7 +446,8 @@ class Watcher:
         if "allocator_settings" in snap:
             initial["allocator_settings"] = snap["allocator_settings"]
         self.hello = {"type": "hello", "meta": {"name": self.name, "device_ordinal": self.device,
-                                                "device_name": "cuda:%d" % self.device}, "snapshot": initial}
+                                                "device_name": "cuda:%d" % self.device}, "snapshot": initial,
+                      "sampled": self.clearing}
         if self.run is not None:
             self.hello["run"] = {"name": self.run, "rank": self.rank, "world_size": self.world_size or 0}
         self._first_anns = self.anns_read
@@ -464,23 +493,31 @@ class Watcher:
         fit = min(self.duty * self.interval, self.STALL) / self.per_entry
         self.ring = int(min(self.max_entries, max(self.MIN_RING, fit)))
 
-    def poll(self):
-        """Reads the ring once and queues what is new; returns the number
-        of new entries."""
-        snap = self._snapshot()
+    def poll(self, snap=None, counted_before=None, whole=0):
+        """Reads the ring once (snap, when it was taken already, with the
+        counters read just before it) and queues what is new; returns the
+        number of new entries. whole, for the read that ends a window of
+        steps read whole, is how many steps were asked for."""
+        if snap is None:
+            counted_before = self._count() if self._count else None
+            snap = self._snapshot()
         ring_was = self.ring_set  # the ring's length since the last clear
         if self.clearing:
             self._clear(self.ring)  # at once: what comes before the clear is lost
             self.ring_set = self.ring
             entries = self._entries(snap)
             # The allocator's counters say about how many entries came
-            # since the last read: those the ring overwrote, and those
-            # that came between that read and its clear (the job's thread
-            # may run there), are lost. A full ring without counters: some.
+            # since the last read: those the ring overwrote are lost before
+            # these; those that came between this read and its clear (the
+            # job's thread may run there) after them, and are said with
+            # the next read. A full ring without counters: some.
             lost = -1 if len(entries) >= ring_was else 0
             counted = self._count() if self._count else None
-            if counted is not None and self.counted is not None and counted - self.counted > len(entries):
-                lost = counted - self.counted - len(entries)
+            if counted_before is not None and self.counted is not None and counted_before - self.counted > len(entries):
+                lost = counted_before - self.counted - len(entries)
+            if self.carry:
+                lost = max(lost, 0) + self.carry
+            self.carry = max(0, counted - counted_before) if counted is not None and counted_before is not None else 0
             self.counted = counted
         else:
             entries = self._entries(snap)
@@ -493,7 +530,8 @@ class Watcher:
             self.seen = len(entries)
             entries = new
         anns = self._annotations(snap)
-        if entries or anns or lost:
+        self._note_steps(anns, self.counted if self.clearing else None)
+        if entries or anns or lost or whole:
             segs = [s for s in snap.get("segments", []) if s.get("device", 0) == self.device]
             body = {"segments": segs, "device_traces": [[]] * self.device + [entries], "external_annotations": anns}
             if "allocator_settings" in snap:
@@ -508,7 +546,9 @@ class Watcher:
                 entries = entries[len(entries) - keep:]
                 body["device_traces"] = [[]] * self.device + [entries]
                 data = pickle.dumps(body, protocol=4)
-            head = bytes([2]) + _uvarint(self.seq) + _uvarint(2 * (-lost) - 1 if lost < 0 else 2 * lost) + _uvarint(self.ann_next)
+                whole = 0
+            head = _uvarint(self.seq) + _uvarint(2 * (-lost) - 1 if lost < 0 else 2 * lost) + _uvarint(self.ann_next)
+            head = bytes([3]) + head + _uvarint(whole) if whole else bytes([2]) + head
             self.ann_next += len(anns)
             self.pending.append(_Poll(self.seq, self.seq + len(entries), self.ann_next, head + data))
             self.seq += len(entries)
@@ -523,6 +563,153 @@ class Watcher:
             if link:
                 self.incidents.append(link)
         return len(entries)
+
+    # -- steps read whole, on request --------------------------------------
+
+    STEP = re.compile(r"^(?:ProfilerStep#|(?:train[_ ]?)?step[ _#:-]?)(\d+)$", re.IGNORECASE)  # attrib's stepName
+
+    def complete(self, steps=10):
+        """Asks for every entry of the next `steps` training steps (as the
+        trace names them: ProfilerStep#N, step N). Returns at once; the
+        watcher's thread does it. Asked while steps are read whole, the
+        steps asked for are read after those; asked twice before they
+        begin, the larger number is read."""
+        steps = int(steps)
+        if not 0 < steps <= 10000:
+            raise ValueError("vramscope: complete(%r): 1 to 10000 steps" % (steps,))
+        self.asked = max(self.asked, steps)
+
+    def _note_steps(self, anns, counted):
+        """Counts the steps begun, as the annotations read say, against the
+        entries made: how many entries a step makes, and how fast."""
+        self.steps_begun += sum(1 for a in anns if a.get("stage") == "START" and self.STEP.match(a.get("name", "")))
+        if counted is not None:
+            self.made_steps = (self.made_steps + [(counted, self.steps_begun, time.monotonic())])[-20:]
+
+    def _per_step(self):
+        """Entries a step makes, over the last reads; None before two
+        steps were seen."""
+        (c0, s0, _), (c1, s1, _) = (self.made_steps[0], self.made_steps[-1]) if self.made_steps else ((0, 0, 0), (0, 0, 0))
+        return (c1 - c0) / (s1 - s0) if s1 - s0 >= 2 and c1 > c0 else None
+
+    def _rate(self):
+        """Entries made a second, over the last reads (0 when unknown)."""
+        (c0, _, t0), (c1, _, t1) = (self.made_steps[0], self.made_steps[-1]) if self.made_steps else ((0, 0, 0), (0, 0, 0))
+        return (c1 - c0) / (t1 - t0) if t1 > t0 else 0
+
+    def _requested_by_file(self):
+        try:
+            with open(self.request_file) as f:
+                text = f.read().strip()
+            os.remove(self.request_file)
+        except OSError:
+            return
+        try:
+            self.complete(int(text or "10"))
+        except ValueError as e:
+            print("vramscope: %s: %r is not a number of steps (%s)" % (self.request_file, text, e), file=self.out)
+
+    def _sized_for_window(self):
+        """Whether a window can open now: once the reads have seen how many
+        entries a step makes (a request made as the job starts waits for
+        two steps), or after ten reads without: a job whose steps are not
+        annotated gets the largest ring, read after a read interval a step."""
+        if self._per_step():
+            return True
+        self.asked_reads += 1
+        return self.asked_reads > 10
+
+    def _open_window(self):
+        """Begins reading `asked` steps whole: a read as every other, whose
+        clear leaves a ring sized for the steps (and the one under way)."""
+        asked = self.asked
+        per_step, rate = self._per_step(), self._rate()
+        target = (asked + 1.5) * per_step if per_step else None
+        # Room past the target for what comes while the watcher waits for
+        # the GIL, or a busy machine, to let it look (half the target and
+        # WINDOW_LOOK of entries at the rate seen): a ring costs memory,
+        # not time; a read costs the entries it holds.
+        ring = int(min(self.max_window, 1.5 * (target or 0) + rate * self.WINDOW_LOOK + self.MIN_RING))
+        if target is None:
+            ring = self.max_window  # nothing to size it by: the largest
+        duty_ring = self.ring
+        self.ring = ring
+        n = self.poll()
+        self.ring = duty_ring
+        self.window = {"asked": asked, "ring": ring, "opened": time.monotonic(), "target": target, "per_step": per_step,
+                       "rate": rate, "wait": asked * self.interval, "count0": self.counted, "tries": 0, "read_s": 0.0}
+        # Asked until the window is open: one or the other, never neither.
+        self.asked = 0 if self.asked == asked else self.asked
+        self.asked_reads = 0
+        return n
+
+    def _made(self):
+        """Entries made since the window opened (None without counters)."""
+        w = self.window
+        return self._count() - w["count0"] if self._count and w["count0"] is not None else None
+
+    def _window_due(self):
+        """The window is read once the job has made the entries of the
+        steps asked for (and the step it opened in), or as its ring nears
+        full; without the counters or a step length, after a read interval
+        a step."""
+        w, made = self.window, self._made()
+        if made is not None and (made >= 0.8 * w["ring"] or w["target"] is not None and made >= w["target"]):
+            return True
+        return (made is None or w["target"] is None) and time.monotonic() - w["opened"] >= w["wait"]
+
+    def _steps_within(self, snap, entries):
+        """How many steps began and ended between the first and the last
+        entry read (strictly: entries lost before or after the window
+        come at or before its first, at or after its last)."""
+        if not entries:
+            return 0
+        first, last = entries[0].get("time_us", 0), entries[-1].get("time_us", 0)
+        begun = {}
+        n = 0
+        for a in snap.get("external_annotations") or []:
+            name, t = a.get("name", ""), a.get("time_us", 0)
+            if a.get("device", 0) != self.device or not self.STEP.match(name):
+                continue
+            if a.get("stage") == "START" and t > first:
+                begun[name] = t
+            elif a.get("stage") == "END" and name in begun and t < last:
+                del begun[name]
+                n += 1
+        return n
+
+    def _close_window(self):
+        """Reads the window's ring whole. Before the steps asked for are
+        over, and while the ring has room, it waits for them (the read
+        dropped: at most twice); then it sends the read, marked whole
+        unless the ring overflowed, and goes back to the duty cycle."""
+        w = self.window
+        t0 = time.perf_counter()
+        counted_before = self._count() if self._count else None
+        snap = self._snapshot()
+        took = time.perf_counter() - t0
+        w["read_s"] += took
+        entries = self._entries(snap)
+        whole = len(entries) < w["ring"]
+        done = self._steps_within(snap, entries)
+        more = (w["asked"] - done + 1) * (w["per_step"] or len(entries) / (done + 1))
+        if whole and done < w["asked"] and w["tries"] < 2 and len(entries) + more <= 0.9 * w["ring"]:
+            # Not over yet (the steps ran longer than those before) and
+            # room for the rest: wait for them.
+            w["tries"] += 1
+            if w["target"] is not None:
+                w["target"] = len(entries) + more
+            w["wait"] += (w["asked"] - done + 1) * self.interval
+            self.held += took
+            return
+        self.window = None
+        n = self.poll(snap, counted_before, w["asked"] if whole else 0)
+        self.held += time.perf_counter() - t0
+        self.windows.append({"asked": w["asked"], "steps": done if whole else 0, "entries": n, "ring": w["ring"],
+                             "whole": whole, "read_s": round(w["read_s"], 4)})
+        if not whole:
+            print("vramscope: the steps asked for made more entries than the ring sized for them held (%d): "
+                  "some were lost; ask for fewer steps" % w["ring"], file=self.out)
 
     # -- the connection ----------------------------------------------------
 
@@ -560,6 +747,8 @@ class Watcher:
                 return
             if r.get("type") == "ack":
                 self._acked(r["seq"], r.get("annotations", 0))
+            elif r.get("type") == "complete":
+                self.complete(r.get("steps", 10))
             elif r.get("type") == "error":
                 raise ServerError(r.get("error"))
 
@@ -647,17 +836,47 @@ class Watcher:
         # The first connection is tried once: a server that is not there
         # is the caller's to hear of now, not after a minute of retries.
         self._send(retry_for=0)
+        how = "echo N > %s" % self.request_file
+        if self._listen_for_signal():
+            how += ", or kill -USR1 %d (10 steps)" % os.getpid()
+        print("vramscope: to read the next N steps whole: the trace page, or %s" % how, file=self.out)
         self.thread = threading.Thread(target=self._run, name="vramscope-watch", daemon=True)
         self.thread.start()
         atexit.register(self.close)
         return self
 
+    def _listen_for_signal(self):
+        """SIGUSR1 asks for 10 steps whole, unless the job handles it
+        itself (or this is not the main thread, where Python takes
+        signal handlers)."""
+        if not hasattr(signal, "SIGUSR1") or threading.current_thread() is not threading.main_thread():
+            return False
+        if signal.getsignal(signal.SIGUSR1) not in (signal.SIG_DFL, None):
+            return False
+        signal.signal(signal.SIGUSR1, lambda *_: self.complete(10))
+        return True
+
     def _on_oom(self, device, alloc, device_allocated, device_free):
         if device == self.device:
             self._oom = True
 
+    def _pause(self):
+        """How long the thread waits before it looks again: an interval;
+        while steps are read whole, until the ring would be half way from
+        what it holds to 80 % full at the rate entries come in the window
+        (5 ms to begin with), at most 50 ms."""
+        w = self.window
+        if w is None:
+            return self.interval
+        made, since = self._made(), time.monotonic() - w["opened"]
+        if made is None:
+            return min(self.interval, 0.05)
+        if since < 0.005 or made <= 0:
+            return 0.005
+        return max(0.001, min(self.interval, 0.05, (0.8 * w["ring"] - made) / (made / since) / 2))
+
     def _run(self):
-        while not self.stop_event.wait(self.interval):
+        while not self.stop_event.wait(self._pause()):
             try:
                 with self.lock:
                     self.step()
@@ -669,9 +888,21 @@ class Watcher:
     def step(self):
         """One read and send; the thread calls this every interval. How
         long the read took (the GIL held for nearly all of it, a thread
-        the machine let wait included) sizes the ring."""
+        the machine let wait included) sizes the ring. While steps are
+        read whole, it only looks at the counters until they are over."""
+        if self.window is not None:
+            if self._window_due():
+                self._close_window()
+                self._send()
+            return
+        self._requested_by_file()
         t0 = time.perf_counter()
-        n = self.poll()
+        if not self.clearing:
+            self.asked = 0  # every entry is read already
+        if self.asked and self._sized_for_window():
+            n = self._open_window()
+        else:
+            n = self.poll()
         took = time.perf_counter() - t0
         self.held += took
         self._size_ring(took, n)
@@ -689,6 +920,9 @@ class Watcher:
             return
         with self.lock:
             try:
+                if self.window is not None:
+                    self.window["tries"] = 2  # the job ends: read what the window holds now
+                    self._close_window()
                 self.step()
                 self._end(status)
             except Exception as e:

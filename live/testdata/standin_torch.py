@@ -6,7 +6,10 @@ sys.modules.
 Its allocator hands out small-pool blocks of one 2 MiB segment in address
 order and records PyTorch's trace entries (alloc; free_requested and
 free_completed; oom) in a ring, as _record_memory_history's does, with
-Python frames shared between entries as PyTorch's symbolizer shares them.
+Python frames shared between entries as PyTorch's symbolizer shares them;
+annotate() records a record_function region's START or END (a training
+step's ProfilerStep#N) in a ring of its own, which _snapshot() returns as
+external_annotations and clear_history empties with the entries.
 _snapshot() returns the segments and the ring as PyTorch does, and holds
 the GIL for `us_per_entry` microseconds per entry of the ring (2.9: what
 PyTorch 2.11 took on an H200, C++ frames included), as PyTorch's
@@ -51,6 +54,7 @@ class Allocator:
 
     def reset(self):
         self.ring = collections.deque(maxlen=1)
+        self.anns = collections.deque(maxlen=1)
         self.recording = False
         self.blocks = {}  # addr -> (size, requested, state)
         self.next = SEGMENT
@@ -62,6 +66,12 @@ class Allocator:
         if self.recording:
             self.ring.append({"action": action, "addr": addr, "size": size, "stream": 0,
                               "time_us": int(time.time() * 1e6), "frames": FRAMES})
+
+    def annotate(self, stage, name):
+        """A record_function region's START or END, as PyTorch records it
+        while history is recorded."""
+        if self.recording:
+            self.anns.append({"device": 0, "stage": stage, "name": name, "time_us": int(time.time() * 1e6)})
 
     def alloc(self, size=3072):
         """Hands out the next block of the segment (size: a multiple of
@@ -92,12 +102,13 @@ class Allocator:
             fn(0, size, SEGMENT_SIZE, 1 << 30)
         raise OutOfMemoryError("CUDA out of memory. Tried to allocate %d bytes" % size)
 
-    def segments(self):
+    def segments(self, live=None):
+        live = dict(self.blocks) if live is None else live
         blocks, at = [], SEGMENT
-        for addr in sorted(self.blocks):
+        for addr in sorted(live):
             if addr > at:
                 blocks.append({"address": at, "size": addr - at, "requested_size": 0, "state": "inactive", "frames": []})
-            size, requested, state = self.blocks[addr]
+            size, requested, state = live[addr]
             blocks.append({"address": addr, "size": size, "requested_size": requested, "state": state, "frames": FRAMES})
             at = addr + size
         if at < SEGMENT + SEGMENT_SIZE:
@@ -115,13 +126,17 @@ class Allocator:
         self.recording = enabled is not None
         keep = [] if clear_history else list(self.ring)
         self.ring = collections.deque(keep, maxlen=max(1, max_entries))
+        self.anns = collections.deque([] if clear_history else list(self.anns), maxlen=max(1, max_entries))
 
     def _snapshot(self, device=None):
-        entries = list(self.ring)
+        # The blocks, the ring and the annotations copied one after the
+        # other (a copy is one step the job's thread cannot cut into), as
+        # PyTorch reads them under its allocator's lock.
+        live, entries, anns = dict(self.blocks), list(self.ring), list(self.anns)
         t = time.perf_counter()
         sum(range(int(self.us_per_entry * len(entries) * self.per_us)))  # the GIL, held
         self.held_s += time.perf_counter() - t
-        return {"segments": self.segments(), "device_traces": [entries],
+        return {"segments": self.segments(live), "device_traces": [entries], "external_annotations": anns,
                 "allocator_settings": {"PYTORCH_CUDA_ALLOC_CONF": ""}}
 
     def memory_stats(self, device=None):
