@@ -103,16 +103,7 @@ func TestEstimateIsDeterministic(t *testing.T) {
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%v\n%s", err, b)
 		}
-		f, err := os.Open(out)
-		if err != nil {
-			t.Fatal(err)
-		}
-		v, err := pytorch.Unpickle(f)
-		f.Close()
-		if err != nil {
-			t.Fatal(err)
-		}
-		top := v.(pytorch.Dict)
+		top := unpickled(t, out)
 		for i, kv := range top {
 			if kv.Key == pytorch.EstimateKey {
 				mark := kv.Value.(pytorch.Dict)
@@ -223,16 +214,7 @@ func TestEstimateAutocastAsRecorded(t *testing.T) {
 // request n+1.
 func firstStepRequests(t *testing.T, path string, estimated bool, n int) []string {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	v, err := pytorch.Unpickle(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	top := v.(pytorch.Dict)
+	top := unpickled(t, path)
 	anns, _ := top.Get("external_annotations")
 	start := int64(-1)
 	for _, a := range anns.([]any) {
@@ -317,17 +299,23 @@ for x, y in torch.utils.data.DataLoader(ds, batch_size=16, pin_memory=True):
 	if b, err := estimateCmd(t, "--quiet", "--out", out, script).CombinedOutput(); err != nil {
 		t.Fatalf("%v\n%s", err, b)
 	}
-	f, err := os.Open(out)
+	mark, _ := unpickled(t, out).Get(pytorch.EstimateKey)
+	if steps, _ := mark.(pytorch.Dict).Get("steps"); steps != int64(3) {
+		t.Fatalf("%v optimizer steps, want 3", steps)
+	}
+}
+
+// unpickled is the file at path decoded as a snapshot's top dictionary.
+func unpickled(t *testing.T, path string) pytorch.Dict {
+	t.Helper()
+	f, err := os.Open(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
 	v, err := pytorch.Unpickle(f)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("%s: %v", path, err)
 	}
-	mark, _ := v.(pytorch.Dict).Get(pytorch.EstimateKey)
-	if steps, _ := mark.(pytorch.Dict).Get("steps"); steps != int64(3) {
-		t.Fatalf("%v optimizer steps, want 3", steps)
-	}
+	return v.(pytorch.Dict)
 }

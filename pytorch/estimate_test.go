@@ -21,16 +21,7 @@ const estimateFile = "testdata/estimate_gpt.pickle"
 // rawRequests reads the file's trace entries as written: the requests.
 func rawRequests(t *testing.T, path string) []pytorch.Dict {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	v, err := pytorch.Unpickle(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dt, _ := v.(pytorch.Dict).Get("device_traces")
+	dt, _ := unpickled(t, path).Get("device_traces")
 	var out []pytorch.Dict
 	for _, e := range dt.([]any)[0].([]any) {
 		out = append(out, e.(pytorch.Dict))
@@ -42,16 +33,7 @@ func rawRequests(t *testing.T, path string) []pytorch.Dict {
 // requests made before each.
 func rawAnnotationTimes(t *testing.T, path string) []int64 {
 	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	v, err := pytorch.Unpickle(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	anns, _ := v.(pytorch.Dict).Get("external_annotations")
+	anns, _ := unpickled(t, path).Get("external_annotations")
 	var out []int64
 	for _, a := range anns.([]any) {
 		at, _ := a.(pytorch.Dict).Get("time_us")
@@ -248,4 +230,19 @@ pickle.dump(s, open(sys.argv[2], "wb"), protocol=4)`, estimateFile, small, strco
 	if got != need {
 		t.Fatalf("needs %+v estimated for the small device, %+v for 80 GiB", got, need)
 	}
+}
+
+// unpickled is the file at path decoded as a snapshot's top dictionary.
+func unpickled(t *testing.T, path string) pytorch.Dict {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, err := pytorch.Unpickle(f)
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return v.(pytorch.Dict)
 }
