@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"github.com/chromedp/chromedp"
+
+	"vramscope/internal/testkit/need"
 )
 
 // TestBrowserStepsReadWhole watches a job that reads a sample of its
@@ -17,13 +19,7 @@ import (
 // for the next 15 steps whole, and sees them come marked complete while
 // the others stay sampled; the stream then ends.
 func TestBrowserStepsReadWhole(t *testing.T) {
-	py, err := exec.LookPath("python3")
-	if err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("python3 is needed for the watcher's browser test")
-		}
-		t.Skip("no python3")
-	}
+	py := need.Program(t, "python3")
 	ctx := browser(t)
 	f := newFixture(t, Options{Addr: "127.0.0.1:0"})
 	dir := shotDir(t)
