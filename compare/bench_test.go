@@ -53,7 +53,7 @@ func BenchmarkCompare(b *testing.B) {
 	}{{"time", compare.ByTime, false}, {"auto-cold", compare.Auto, true}, {"auto", compare.Auto, false}} {
 		b.Run("big211/"+c.name, func(b *testing.B) {
 			db := testkit.OpenDB(b)
-			ids := importSnapshots(b, db, "../pytorch-2.11/big.pickle.gz", "../pytorch-2.11/big.pickle.gz")
+			ids := importSnapshots(b, db, "pytorch-2.11/big.pickle.gz", "pytorch-2.11/big.pickle.gz")
 			b.ResetTimer()
 			for b.Loop() {
 				if c.cold {

@@ -289,11 +289,16 @@ func TestSampledTrace(t *testing.T) {
 	}
 }
 
-// importSnapshots imports real snapshots and returns their first traces.
+// importSnapshots imports real snapshots (of shared/testdata/pytorch, or
+// SET/NAME of another set) and returns their first traces.
 func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
 	var ids []string
 	for _, name := range names {
-		f, err := os.Open(testkit.Snapshot(tb, name))
+		path := testkit.Snapshot(tb, name)
+		if set, file, ok := strings.Cut(name, "/"); ok { // another set than shared/testdata/pytorch
+			path = testkit.SnapshotOf(tb, set, file)
+		}
+		f, err := os.Open(path)
 		if err != nil {
 			tb.Fatal(err)
 		}
@@ -423,7 +428,7 @@ func TestCompareSettings(t *testing.T) {
 // By time, at A's peak B was gigabytes away.
 func TestCompareSameProgramByRequest(t *testing.T) {
 	db := testkit.OpenDB(t)
-	ids := importSnapshots(t, db, "../pytorch-2.11/train_default.pickle", "../pytorch-2.11/train_expandable.pickle")
+	ids := importSnapshots(t, db, "pytorch-2.11/train_default.pickle", "pytorch-2.11/train_expandable.pickle")
 	r, err := compare.Compare(db, ids[0], ids[1], compare.Options{Rows: -1})
 	if err != nil {
 		t.Fatal(err)
@@ -500,7 +505,7 @@ func TestCompareSameProgramByRequest(t *testing.T) {
 
 	// Two different programs are not aligned by request unless asked,
 	// and then the page says they differ.
-	other := importSnapshots(t, db, "../pytorch-2.11/train_stacks_all.pickle")[0]
+	other := importSnapshots(t, db, "pytorch-2.11/train_stacks_all.pickle")[0]
 	r, err = compare.Compare(db, ids[0], other, compare.Options{})
 	if err != nil {
 		t.Fatal(err)

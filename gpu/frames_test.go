@@ -66,7 +66,7 @@ func TestFirstUserFrameOfRealStacks(t *testing.T) {
 		recorded := strings.Contains(path, "pytorch-2.11")
 		ts, err := pytorch.DecodeFile(path)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", file, err)
 		}
 		users, stacks, scripted := 0, 0, 0
 		for _, tr := range ts {

@@ -75,7 +75,7 @@ func TestAgainstCPythonPickle(t *testing.T) {
 		name := filepath.Base(p)
 		traces, err := DecodeFile(p)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		want[p] = goFigures(traces)
 		exp := filepath.Join(tmp, name+".exported.pickle")
@@ -338,7 +338,7 @@ for p in (0, 1):
 	for _, in := range args {
 		traces, err := DecodeFile(in)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", filepath.Base(in), err)
 		}
 		var out bytes.Buffer
 		if err := Export(&out, traces...); err != nil {

@@ -50,6 +50,10 @@ const (
 	notifyChannel = "vramscope_traces"
 )
 
+// connectListener connects the session that LISTENs (a variable for
+// tests, which slow it).
+var connectListener = pgx.ConnectConfig
+
 type pgBackend struct {
 	db  *DB
 	cfg *pgx.ConnConfig
@@ -371,7 +375,7 @@ func (b *pgBackend) listen(listening chan<- struct{}) {
 	}()
 	wait := 100 * time.Millisecond
 	for ctx.Err() == nil {
-		conn, err := pgx.ConnectConfig(ctx, b.cfg)
+		conn, err := connectListener(ctx, b.cfg)
 		if err == nil {
 			_, err = conn.Exec(ctx, "LISTEN "+notifyChannel)
 			first()

@@ -1,9 +1,12 @@
 package store
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"vramscope/gpu"
 	"vramscope/internal/pgtest"
@@ -67,9 +70,15 @@ func TestPostgresMigrations(t *testing.T) {
 // Two handles of one database (two servers): what one writes live the
 // other lists, hears of as it grows, and finishes as incomplete once the
 // writer's session is gone; an import the other is writing stays hidden
-// and untouched while its session lives.
+// and untouched while its session lives. The LISTEN connects slowly, so
+// that a handle whose Open returned before it LISTENs misses the commit.
 func TestPostgresTwoHandles(t *testing.T) {
 	addr := pgtest.Addr(t)
+	defer func(c func(context.Context, *pgx.ConnConfig) (*pgx.Conn, error)) { connectListener = c }(connectListener)
+	connectListener = func(ctx context.Context, cfg *pgx.ConnConfig) (*pgx.Conn, error) {
+		time.Sleep(200 * time.Millisecond)
+		return pgx.ConnectConfig(ctx, cfg)
+	}
 	a, err := Open(addr)
 	if err != nil {
 		t.Fatal(err)

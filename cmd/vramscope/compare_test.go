@@ -1,7 +1,9 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -13,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"vramscope/incident"
+	"vramscope/gpu/caching"
+	"vramscope/gpu/sim"
 	"vramscope/internal/testkit"
 	"vramscope/replay"
 	"vramscope/server"
@@ -31,10 +34,7 @@ func compareDB(t *testing.T) (path, with, without string) {
 	}
 	defer db.Close()
 	for _, cp := range []bool{true, false} {
-		w := tracer.DefaultTrain()
-		w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 4, 512, 2048, 4, 1024, 3
-		w.Checkpointing = cp
-		id := testkit.Record(t, db, "train", w, 80<<30, "")
+		id := testkit.Record(t, db, "train", compareJob(cp), 80<<30, "")
 		if cp {
 			with = id
 		} else {
@@ -44,10 +44,43 @@ func compareDB(t *testing.T) (path, with, without string) {
 	return path, with, without
 }
 
+// compareJob is the training job compareDB records, with activation
+// checkpointing or without.
+func compareJob(cp bool) tracer.Train {
+	w := tracer.DefaultTrain()
+	w.Layers, w.Hidden, w.Vocab, w.Batch, w.Seq, w.Steps = 4, 512, 2048, 4, 1024, 3
+	w.Checkpointing = cp
+	return w
+}
+
+// runsUnder says whether w runs itself (not a replay of its trace) without
+// an OOM under PyTorch's per-process limit of limit bytes on the 80 GiB
+// device compareDB records on, under the default settings.
+func runsUnder(t *testing.T, w tracer.Workload, limit uint64) bool {
+	t.Helper()
+	cfg := caching.DefaultConfig()
+	cfg.Limit = limit
+	clk := &tracer.Clock{}
+	a, err := caching.New(sim.New(80<<30), cfg, caching.WithClock(clk.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = tracer.Run(context.Background(), w, &tracer.Env{Alloc: a, Clock: clk})
+	var oom *caching.OutOfMemoryError
+	if errors.As(err, &oom) {
+		return false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return true
+}
+
 // compare --json prints what GET /api/compare answers, field for field,
 // each finding the memory the traces need on its own (two copies of the
-// database, no what-if stored in either), as the what-if replays called
-// directly find it; the table's first row at A's peak is the attention
+// database, no what-if stored in either), and the job itself runs under
+// that much as a per-process limit and runs out of memory 2 MiB under it;
+// the table's first row at A's peak is the attention
 // probabilities that checkpointing drops.
 func TestCompareJSONIsTheAPIs(t *testing.T) {
 	path, with, without := compareDB(t)
@@ -92,22 +125,16 @@ func TestCompareJSONIsTheAPIs(t *testing.T) {
 	}
 	// Each answers once its replays under the recorded settings are done
 	// (the other settings' may still run): their sentences may differ,
-	// not the bytes, which are what the what-if replays of the trace find
-	// when called directly, outside the jobs that store them.
+	// not the bytes, which are what the job needs when it runs itself
+	// (not a replay of its trace) under a per-process limit.
 	for i, side := range []string{"a", "b"} {
-		rec, err := db.Recording([]string{with, without}[i])
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs := replay.FromRecording(rec)
-		rs.Use(0, replay.DefaultCapacity)
-		_, rows, err := incident.WhatIfs(rs, nil, 1)
-		if err != nil {
-			t.Fatal(err)
-		}
 		c, a := cli[side].(map[string]any)["needed"].(map[string]any), api[side].(map[string]any)["needed"].(map[string]any)
-		if c["status"] != "done" || c["bytes"] != a["bytes"] || a["bytes"] != float64(rows[0].CapacityNeeded) {
-			t.Errorf("%s needs %d B, found by replaying it; CLI %v, API %v", side, rows[0].CapacityNeeded, c, a)
+		bytes, _ := a["bytes"].(float64)
+		if c["status"] != "done" || c["bytes"] != a["bytes"] || bytes <= replay.CapacityStep {
+			t.Errorf("%s needs: CLI %v, API %v", side, c, a)
+		} else if w, need := compareJob(i == 0), uint64(bytes); !runsUnder(t, w, need) || runsUnder(t, w, need-replay.CapacityStep) {
+			t.Errorf("%s is said to need %d B; run under that limit it runs: %v, 2 MiB under it: %v", side, need,
+				runsUnder(t, w, need), runsUnder(t, w, need-replay.CapacityStep))
 		}
 		delete(c, "text")
 		delete(a, "text")
