@@ -118,6 +118,11 @@ func testLiveEndpointsAsTheJobRuns(t *testing.T) {
 			t.Fatalf("at %s the trace is %s up to event %d; the job made %d", what, tr.Status, tr.LastSeq, last)
 		}
 		moments = append(moments, readMoment(t, f, id, what, tr))
+		if len(moments) == 30 { // steps enough for a steady window, had it ended
+			if t0, t1 := openingOf(t, f, id); t0 != tr.FirstUS || t1 != tr.LastUS {
+				t.Errorf("at %s the page opens on [%d, %d]; while it streams, the whole trace [%d, %d]", what, t0, t1, tr.FirstUS, tr.LastUS)
+			}
+		}
 		gate.on <- struct{}{}
 	}
 	if err := <-done; err != nil {
@@ -130,6 +135,9 @@ func testLiveEndpointsAsTheJobRuns(t *testing.T) {
 		t.Fatalf("%d moments", len(moments))
 	}
 	final := mustTrace(t, f, id)
+	if _, t1 := openingOf(t, f, id); t1 >= final.LastUS {
+		t.Errorf("once complete the page opens up to %d, the trace's end; on its steady steps it ends before", t1)
+	}
 	events, err := f.db.Events(id, 0, final.LastSeq+1)
 	if err != nil {
 		t.Fatal(err)
@@ -163,6 +171,23 @@ func testLiveEndpointsAsTheJobRuns(t *testing.T) {
 	if opens < len(moments) {
 		t.Errorf("%d open steps in %d moments: each moment is inside a step", opens, len(moments))
 	}
+}
+
+// openingOf is the window the trace's page opens on (data-open-t0, -t1).
+func openingOf(t *testing.T, f *fixture, id string) (t0, t1 int64) {
+	t.Helper()
+	page := string(f.get(t, "/traces/"+id, http.StatusOK))
+	for _, a := range []struct {
+		name string
+		v    *int64
+	}{{"data-open-t0", &t0}, {"data-open-t1", &t1}} {
+		_, after, ok := strings.Cut(page, a.name+`="`)
+		v, _, _ := strings.Cut(after, `"`)
+		if _, err := fmt.Sscan(v, a.v); !ok || err != nil {
+			t.Fatalf("the page has no %s: %q", a.name, v)
+		}
+	}
+	return t0, t1
 }
 
 // readMoment reads every endpoint the trace page reads, as it reads them
