@@ -294,10 +294,11 @@ func TestSampledTrace(t *testing.T) {
 func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
 	var ids []string
 	for _, name := range names {
-		path := testkit.Snapshot(tb, name)
-		if set, file, ok := strings.Cut(name, "/"); ok { // another set than shared/testdata/pytorch
-			path = testkit.SnapshotOf(tb, set, file)
+		set, file, ok := strings.Cut(name, "/") // another set than shared/testdata/pytorch
+		if !ok {
+			set, file = "pytorch", name
 		}
+		path := testkit.SnapshotOf(tb, set, file)
 		f, err := os.Open(path)
 		if err != nil {
 			tb.Fatal(err)
