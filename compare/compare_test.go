@@ -294,7 +294,7 @@ func TestSampledTrace(t *testing.T) {
 func importSnapshots(tb testing.TB, db *store.DB, names ...string) []string {
 	var ids []string
 	for _, name := range names {
-		set, file, ok := strings.Cut(name, "/") // another set than shared/testdata/pytorch
+		set, file, ok := strings.Cut(name, "/")
 		if !ok {
 			set, file = "pytorch", name
 		}
