@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sort"
 	"testing"
 
 	"vramscope/gpu"
@@ -29,28 +28,6 @@ func bruteStacks(ref *reference, w int, colOf func(e gpu.Event) int) [][]stacked
 	l := ref.initial.Clone()
 	out := make([][]stacked, w)
 	best := make([]uint64, w)
-	take := func() []stacked {
-		var st []stacked
-		for _, s := range l.Segments {
-			for _, b := range s.Blocks {
-				if b.State == gpu.BlockAllocated {
-					st = append(st, stacked{seq: b.Seq, addr: b.Addr, size: b.Size, stack: b.Stack})
-				}
-			}
-		}
-		sort.Slice(st, func(a, b int) bool {
-			if st[a].seq != st[b].seq {
-				return st[a].seq < st[b].seq
-			}
-			return st[a].addr < st[b].addr
-		})
-		var off uint64
-		for k := range st {
-			st[k].off = off
-			off += st[k].size
-		}
-		return st
-	}
 	next := 0 // the first column not reached by an event yet
 	for _, e := range ref.evs {
 		c := colOf(e)
@@ -59,7 +36,7 @@ func bruteStacks(ref *reference, w int, colOf func(e gpu.Event) int) [][]stacked
 		}
 		for ; next < c; next++ {
 			if out[next] == nil {
-				out[next] = take()
+				out[next] = stackOf(l)
 			}
 		}
 		if err := l.Apply(e); err != nil {
@@ -69,13 +46,13 @@ func bruteStacks(ref *reference, w int, colOf func(e gpu.Event) int) [][]stacked
 			continue
 		}
 		if a := l.Figures().Allocated; out[c] == nil || a > best[c] {
-			out[c], best[c] = take(), a
+			out[c], best[c] = stackOf(l), a
 		}
 		next = c
 	}
 	for ; next < w; next++ {
 		if out[next] == nil {
-			out[next] = take()
+			out[next] = stackOf(l)
 		}
 	}
 	return out

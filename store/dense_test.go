@@ -112,7 +112,7 @@ func stackOf(l *gpu.Layout) []stacked {
 // pixel row), an allocation of at least MinBytes in the range that is no
 // band, one not drawn as a band that is in no fold, things drawn that
 // overlap, or a fold beginning there that does not hold what it says.
-func columnErr(b *Bands, q BandsQuery, c int, st []stacked, label func(gpu.StackID) string) error {
+func columnErr(b *Bands, q BandsQuery, c int, st []stacked) error {
 	quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
 	slack := 2 * quantum
 	byKey := map[bandKey]*Band{}
@@ -163,30 +163,9 @@ func columnErr(b *Bands, q BandsQuery, c int, st []stacked, label func(gpu.Stack
 		if c != f.C0 {
 			continue
 		}
-		var count int
-		var rep stacked
-		var order []string
-		bytes := map[string]uint64{}
-		for _, s := range st {
-			if s.off >= f.Offset && s.off+s.size <= f.Offset+f.Size {
-				count++
-				if s.size > rep.size {
-					rep = s
-				}
-				if _, ok := bytes[label(s.stack)]; !ok {
-					order = append(order, label(s.stack))
-				}
-				bytes[label(s.stack)] += s.size
-			}
-		}
+		count, rep, most := foldHolds(st, f)
 		if count == 0 {
 			return fmt.Errorf("fold %+v holds nothing", f)
-		}
-		most := order[0]
-		for _, l := range order {
-			if bytes[l] > bytes[most] {
-				most = l
-			}
 		}
 		if count != f.Count || b.Groups[f.Group] != most || rep.seq != f.Rep.Seq {
 			return fmt.Errorf("fold %+v holds %d allocations, most bytes %q, largest %d; it says %d, %q, %d", f, count, most, rep.seq, f.Count, b.Groups[f.Group], f.Rep.Seq)
@@ -230,12 +209,6 @@ func testDenseBandsAreTheStackAtEachColumnsPeak(t *testing.T) {
 	}
 	ref := &reference{initial, evs}
 	before, after := ref.totals()
-	label := func(sid gpu.StackID) string {
-		if sid == 0 {
-			return ""
-		}
-		return gpu.StackLabel(testStack(int(sid)))
-	}
 	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
 	rng := rand.New(rand.NewPCG(7, 7))
 	for trial := range 6 {
@@ -292,7 +265,7 @@ func testDenseBandsAreTheStackAtEachColumnsPeak(t *testing.T) {
 			}
 			var first error
 			for _, st := range stacks[c] {
-				if err := columnErr(b, q, c, st, label); err == nil {
+				if err := columnErr(b, q, c, st); err == nil {
 					first = nil
 					break
 				} else if first == nil {
@@ -396,12 +369,6 @@ func testBandsPastTheirCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := &reference{initial, evs}
-	label := func(sid gpu.StackID) string {
-		if sid == 0 {
-			return ""
-		}
-		return gpu.StackLabel(testStack(int(sid)))
-	}
 	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
 	q := BandsQuery{T0: first, T1: last, W: 1300, H: 100, M0: 2 << 30, M1: 2<<30 + 64<<20}
 	b, err := db.Bands(w.ID(), q)
@@ -437,7 +404,7 @@ func testBandsPastTheirCaps(t *testing.T) {
 		return min(q.W-1, int(math.Floor(float64(e.TimeUS-q.T0)/dt)))
 	})
 	for c, st := range want {
-		if err := columnErr(b, q, c, st, label); err != nil {
+		if err := columnErr(b, q, c, st); err != nil {
 			t.Fatalf("column %d: %v", c, err)
 		}
 	}
@@ -453,4 +420,36 @@ func testBandsPastTheirCaps(t *testing.T) {
 			}
 		}
 	}
+}
+
+// foldHolds is what fold f holds of the stack st: how many allocations,
+// the largest, and the group (a stack's first user frame) holding most of
+// their bytes, the first such in stacking order.
+func foldHolds(st []stacked, f Fold) (count int, rep stacked, most string) {
+	label := func(sid gpu.StackID) string {
+		if sid == 0 {
+			return ""
+		}
+		return gpu.StackLabel(testStack(int(sid)))
+	}
+	var order []string
+	bytes := map[string]uint64{}
+	for _, s := range st {
+		if s.off >= f.Offset && s.off+s.size <= f.Offset+f.Size {
+			count++
+			if s.size > rep.size {
+				rep = s
+			}
+			if _, ok := bytes[label(s.stack)]; !ok {
+				order = append(order, label(s.stack))
+			}
+			bytes[label(s.stack)] += s.size
+		}
+	}
+	for i, l := range order {
+		if i == 0 || bytes[l] > bytes[most] {
+			most = l
+		}
+	}
+	return count, rep, most
 }

@@ -40,12 +40,6 @@ func testFoldsTileTheStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	ref := &reference{initial, evs}
-	label := func(sid gpu.StackID) string {
-		if sid == 0 {
-			return ""
-		}
-		return gpu.StackLabel(testStack(int(sid)))
-	}
 	first, last := evs[0].TimeUS, evs[len(evs)-1].TimeUS
 	rng := rand.New(rand.NewPCG(9, 9))
 	folds := 0
@@ -131,28 +125,7 @@ func testFoldsTileTheStack(t *testing.T) {
 		}
 		// Each fold where its run begins.
 		for _, f := range b.Folds {
-			var count int
-			var rep stacked
-			var order []string
-			bytes := map[string]uint64{}
-			for _, s := range want[f.C0] {
-				if s.off >= f.Offset && s.off+s.size <= f.Offset+f.Size {
-					count++
-					if s.size > rep.size {
-						rep = s
-					}
-					if _, ok := bytes[label(s.stack)]; !ok {
-						order = append(order, label(s.stack))
-					}
-					bytes[label(s.stack)] += s.size
-				}
-			}
-			best := order[0]
-			for _, l := range order {
-				if bytes[l] > bytes[best] {
-					best = l
-				}
-			}
+			count, rep, best := foldHolds(want[f.C0], f)
 			if count != f.Count || b.Groups[f.Group] != best || rep.size != f.Rep.Size || rep.seq != f.Rep.Seq {
 				t.Fatalf("%+v fold %+v: holds %d allocations, most bytes %q, largest %d (%d bytes); the fold says %d, %q, %d (%d bytes)",
 					q, f, count, best, rep.seq, rep.size, f.Count, b.Groups[f.Group], f.Rep.Seq, f.Rep.Size)
