@@ -3,8 +3,6 @@ package live_test
 import (
 	"encoding/json"
 	"fmt"
-	"io"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -177,15 +175,7 @@ func TestEstimateModuleServed(t *testing.T) {
 	db := testkit.OpenDB(t)
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Addr: "127.0.0.1:0"}).Handler())
 	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL + "/vramscope_estimate.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if src, _ := os.ReadFile("python/vramscope_estimate.py"); resp.StatusCode != 200 || string(served) != string(src) {
-		t.Fatalf("GET /vramscope_estimate.py: %s, %d bytes", resp.Status, len(served))
-	}
+	servedAsIs(t, srv.URL, "vramscope_estimate.py")
 }
 
 // Under torch.autocast("cuda", bfloat16) the estimate makes the requests

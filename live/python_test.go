@@ -177,15 +177,7 @@ func watchDriver(t *testing.T, name string, annotationRing int) (*pytorch.Trace,
 	// The whole server, as vramscope serve runs it.
 	srv := httptest.NewServer(server.New(server.Options{DB: db, Token: token, Addr: "127.0.0.1:0"}).Handler())
 	t.Cleanup(srv.Close)
-	resp, err := http.Get(srv.URL + "/vramscope_watch.py")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if src, _ := os.ReadFile("python/vramscope_watch.py"); resp.StatusCode != 200 || string(served) != string(src) {
-		t.Fatalf("GET /vramscope_watch.py: %s, %d bytes", resp.Status, len(served))
-	}
+	servedAsIs(t, srv.URL, "vramscope_watch.py")
 
 	helper, _ := filepath.Abs("python")
 	cmd := exec.Command(py, "testdata/watch_driver.py", helper, srv.URL, snap, states, "200", "37", token, fmt.Sprint(annotationRing))
@@ -395,5 +387,20 @@ func TestPythonWatchCutAtTheEnd(t *testing.T) {
 		if err != nil || tr.Status != gpu.StatusComplete || tr.Events == 0 {
 			t.Fatalf("%s: trace %q: %+v, %v", where, id, tr, err)
 		}
+	}
+}
+
+// servedAsIs checks that the server at url serves the module python/name
+// byte for byte.
+func servedAsIs(t *testing.T, url, name string) {
+	t.Helper()
+	resp, err := http.Get(url + "/" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if src, _ := os.ReadFile("python/" + name); resp.StatusCode != 200 || string(served) != string(src) {
+		t.Fatalf("GET /%s: %s, %d bytes", name, resp.Status, len(served))
 	}
 }
