@@ -62,7 +62,7 @@ func runEstimate(args []string, stdout, stderr io.Writer) error {
 	dbPath := dbFlag(fs, "")
 	name := fs.String("name", "", "the trace's name (default: the script and its arguments)")
 	out := fs.String("out", "", "keep the estimate's snapshot in this file too")
-	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
+	addr := uiFlag(fs, "")
 	asJSON := fs.Bool("json", false, "print the figures as JSON")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: vramscope estimate [--device-memory 80GiB] [--alloc-conf S] [--python P] [--steps 3] [--checkpoint CLASS] [flags] -- SCRIPT ARGS...")

@@ -29,7 +29,7 @@ func runImport(args []string, stdout, stderr io.Writer) error {
 	device := fs.Int("device", -1, "import only this device (default: every device with a trace or segments)")
 	dryRun := fs.Bool("dry-run", false, "decode and check the file, write nothing")
 	asJSON := fs.Bool("json", false, "print the figures per device as JSON")
-	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI is served, for the printed link")
+	addr := uiFlag(fs, "")
 	run := fs.String("run", "", "import the FILES (a folder: the files in it; a tar: its files) as the ranks of one run of this name, on every core")
 	ranks := fs.String("ranks", "", "with --run: the files' ranks in order, as 0,1,2,... (default: from the names, user_metadata, or the files' order)")
 	join := fs.Bool("join", false, "with --run: add the files to the newest run of that name that lacks their ranks (made if none), so that a job's ranks imported on several machines make one run")

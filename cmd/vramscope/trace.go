@@ -63,6 +63,15 @@ func dbFlag(fs *flag.FlagSet, what string) *string {
 	return fs.String("db", def, "database"+what+": a SQLite file, or a PostgreSQL address postgres://USER@HOST/DBNAME that a team's servers share (default $VRAMSCOPE_DB, else $XDG_DATA_HOME/vramscope/vramscope.db, or ~/.local/share/vramscope/vramscope.db)")
 }
 
+// uiFlag defines --url: where the UI is served, for the links a command
+// prints; usage, if given, says more of them.
+func uiFlag(fs *flag.FlagSet, usage string) *string {
+	if usage == "" {
+		usage = "where the UI is served, for the printed link"
+	}
+	return fs.String("url", "http://127.0.0.1:8080", usage)
+}
+
 // openDB opens (making it if missing) the database at path; the per-user
 // default's folder is made too.
 func openDB(path string) (*store.DB, error) {
@@ -93,7 +102,7 @@ func runTrace(args []string, stdout, stderr io.Writer) error {
 	name := fs.String("name", "", "trace name (default: the workload and settings)")
 	seed := fs.Uint64("seed", 1, "random seed: the same seed gives the same trace")
 	quiet := fs.Bool("quiet", false, "no progress on stderr")
-	addr := fs.String("url", "http://127.0.0.1:8080", "where the UI of --db is served, for the printed link (with --live, the links are the live server's)")
+	addr := uiFlag(fs, "where the UI of --db is served, for the printed link (with --live, the links are the live server's)")
 	liveURL := fs.String("live", "", "also stream the events, as they happen, to the vramscope server at this URL; its page is printed at once")
 	stepTime := fs.Duration("step-time", 0, "pace the workload so that a person can watch it live: each step (train: a training step; frag: a phase; serve-kv: a decode step) begins no sooner than this after the one before, as in 500ms")
 	token := fs.String("token", os.Getenv("VRAMSCOPE_TOKEN"), "the --live server's token (default $VRAMSCOPE_TOKEN)")
