@@ -167,8 +167,9 @@ func columnErr(b *Bands, q BandsQuery, c int, st []stacked) error {
 		if count == 0 {
 			return fmt.Errorf("fold %+v holds nothing", f)
 		}
-		if count != f.Count || b.Groups[f.Group] != most || rep.seq != f.Rep.Seq {
-			return fmt.Errorf("fold %+v holds %d allocations, most bytes %q, largest %d; it says %d, %q, %d", f, count, most, rep.seq, f.Count, b.Groups[f.Group], f.Rep.Seq)
+		if count != f.Count || b.Groups[f.Group] != most || rep.seq != f.Rep.Seq || rep.size != f.Rep.Size {
+			return fmt.Errorf("fold %+v holds %d allocations, most bytes %q, largest %d (%d bytes); it says %d, %q, %d (%d bytes)",
+				f, count, most, rep.seq, rep.size, f.Count, b.Groups[f.Group], f.Rep.Seq, f.Rep.Size)
 		}
 	}
 	for i := range spans {

@@ -22,11 +22,12 @@ func foldAt(b *Bands, c int, lo, hi, slack uint64) *Fold {
 
 // Folded bands tile what no band draws: against the stacks a brute-force
 // replay gives each column (at its peak), on the time axis and the event
-// axis, every allocation in the visible range too small to be a band is
-// inside a fold of that column, no fold overlaps a band or another fold,
-// and each fold, where its run begins, holds exactly Count allocations,
-// names the group (a stack's first user frame) holding most of its bytes,
-// and has the largest of them as its representative.
+// axis, each column is as columnErr checks it: every band live at its
+// offset, every allocation in the visible range too small to be a band
+// inside a fold of that column, no fold overlapping a band or another
+// fold, and each fold, where its run begins, holding exactly Count
+// allocations, naming the group (a stack's first user frame) holding most
+// of its bytes, with the largest of them as its representative.
 func TestFoldsTileTheStack(t *testing.T) { eachBackend(t, testFoldsTileTheStack) }
 
 func testFoldsTileTheStack(t *testing.T) {
@@ -81,57 +82,12 @@ func testFoldsTileTheStack(t *testing.T) {
 			return min(q.W-1, int(math.Floor(float64(e.TimeUS-q.T0)/(float64(q.T1-q.T0)/float64(q.W)))))
 		}
 		want := bruteStacks(ref, q.W, colOf)
-		quantum := max(1, (b.M1-b.M0)/uint64(4*q.H))
-		slack := 2 * quantum
-		byKey := map[bandKey]*Band{}
-		for i := range b.Bands {
-			byKey[keyOf(&liveEntry{seq: b.Bands[i].Seq, addr: b.Bands[i].Addr})] = &b.Bands[i]
-		}
 		for c, st := range want {
-			// Every visible allocation not drawn as a band is in a fold.
-			for _, s := range st {
-				if s.off >= b.M1 || s.off+s.size <= b.M0 {
-					continue
-				}
-				if band := byKey[s.key()]; band != nil {
-					if _, there := offsetAt(band, c); there {
-						continue
-					}
-				}
-				if foldAt(b, c, s.off, s.off+s.size, slack) == nil {
-					t.Fatalf("%+v column %d: allocation %d (%d bytes at %d) is in no fold", q, c, s.seq, s.size, s.off)
-				}
-			}
-			// Nothing drawn overlaps.
-			type span struct{ lo, hi uint64 }
-			var spans []span
-			for i := range b.Bands {
-				if off, ok := offsetAt(&b.Bands[i], c); ok {
-					spans = append(spans, span{off, off + b.Bands[i].Size})
-				}
-			}
-			for _, f := range b.Folds {
-				if c >= f.C0 && c <= f.C1 {
-					spans = append(spans, span{f.Offset, f.Offset + f.Size})
-				}
-			}
-			for i := range spans {
-				for j := range i {
-					if spans[i].lo+slack < spans[j].hi && spans[j].lo+slack < spans[i].hi {
-						t.Fatalf("%+v column %d: %v and %v overlap", q, c, spans[j], spans[i])
-					}
-				}
+			if err := columnErr(b, q, c, st); err != nil {
+				t.Fatalf("%+v column %d: %v", q, c, err)
 			}
 		}
-		// Each fold where its run begins.
-		for _, f := range b.Folds {
-			count, rep, best := foldHolds(want[f.C0], f)
-			if count != f.Count || b.Groups[f.Group] != best || rep.size != f.Rep.Size || rep.seq != f.Rep.Seq {
-				t.Fatalf("%+v fold %+v: holds %d allocations, most bytes %q, largest %d (%d bytes); the fold says %d, %q, %d (%d bytes)",
-					q, f, count, best, rep.seq, rep.size, f.Count, b.Groups[f.Group], f.Rep.Seq, f.Rep.Size)
-			}
-			folds++
-		}
+		folds += len(b.Folds)
 	}
 	if folds == 0 {
 		t.Fatal("no fold was checked")
