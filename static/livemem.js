@@ -91,19 +91,32 @@ export class LivePanel {
     this.cats.replaceChildren(...chips);
   }
 
-  /** What recording Python frames only cost here: the allocations without a stack. */
+  /** Why allocations have no stack: made before the recording began, or
+   *  (with Python frames only) on the autograd thread, and what that costs. */
   renderNote() {
     const d = this.data;
-    let bytes = 0, n = 0;
-    for (let i = 0; i < d.blocks.stack.length; i++) if (!d.blocks.stack[i]) { bytes += d.blocks.size[i]; n++; }
+    let bytes = 0, n = 0, before = 0, nBefore = 0;
+    for (let i = 0; i < d.blocks.stack.length; i++) {
+      if (d.blocks.stack[i]) continue;
+      bytes += d.blocks.size[i]; n++;
+      if (d.blocks.seq[i] < 0) { before += d.blocks.size[i]; nBefore++; }
+    }
     this.note.hidden = !n;
     if (!n) return;
-    this.note.textContent = `${fmtBytes(bytes)} in ${n} allocation${n === 1 ? "" : "s"} (${(100 * bytes / d.bytes).toFixed(1)} %) have no stack. ` +
-      `With stacks="python", PyTorch's default, nothing the autograd thread allocates (the backward's gradients and temporaries) gets a frame: ` +
-      `they are named by where they were made (between a step's start and its Optimizer.step: the backward) and sorted by how long they lived. ` +
-      `torch.cuda.memory._record_memory_history(stacks="all") records their C++ frames, named here by autograd node and operator ` +
-      `(LogSoftmaxBackward0 · _log_softmax_backward_data); it costs an unwinding per allocation and a slower dump ` +
-      `(2.7 s instead of 0.02 s for a 2-step run on an H200).`;
+    const allocations = (k) => `${k} allocation${k === 1 ? "" : "s"}`;
+    let text = `${fmtBytes(bytes)} in ${allocations(n)} (${(100 * bytes / d.bytes).toFixed(1)} %) have no stack. `;
+    if (nBefore) {
+      text += `${nBefore === n ? "They were" : `${fmtBytes(before)} in ${allocations(nBefore)} were`} made before the recording began ` +
+        `(torch.cuda.memory._record_memory_history), so it holds no frames for them. `;
+    }
+    if (nBefore < n) {
+      text += `With stacks="python", PyTorch's default, nothing the autograd thread allocates (the backward's gradients and temporaries) gets a frame: ` +
+        `they are named by where they were made (between a step's start and its Optimizer.step: the backward) and sorted by how long they lived. ` +
+        `torch.cuda.memory._record_memory_history(stacks="all") records their C++ frames, named here by autograd node and operator ` +
+        `(LogSoftmaxBackward0 · _log_softmax_backward_data); it costs an unwinding per allocation and a slower dump ` +
+        `(2.7 s instead of 0.02 s for a 2-step run on an H200).`;
+    }
+    this.note.textContent = text.trim();
   }
 
   renderTable() {
